@@ -1,0 +1,142 @@
+"""TransformerConfig: every size and switch of the model, validated once at construction."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_CHOICES = {
+    "norm_position": ("pre", "post"),
+    "positional": ("sinusoidal", "learned"),
+    "activation": ("relu", "gelu", "gelu_tanh"),
+    "attention_impl": ("xla", "jax_nn"),
+}
+
+
+def _as_dtype(field: str, value: Any) -> Any:
+    if isinstance(value, str):
+        if value not in _DTYPES:
+            raise ValueError(
+                f"TransformerConfig.{field}={value!r} is not a known dtype; "
+                f"use one of {sorted(_DTYPES)}."
+            )
+        return _DTYPES[value]
+    try:
+        name = jnp.dtype(value).name
+    except TypeError as err:
+        raise ValueError(f"TransformerConfig.{field}={value!r} is not a dtype.") from err
+    if name not in _DTYPES:
+        raise ValueError(
+            f"TransformerConfig.{field}={value!r} is not a floating dtype we support; "
+            f"use one of {sorted(_DTYPES)}."
+        )
+    return _DTYPES[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and options of `Transformer` and `DecoderOnlyTransformer`.
+
+    Defaults are a small model; `configs/` holds the paper's sizes. Dtypes may be given as
+    strings ('float32', 'bfloat16') and are stored as jnp dtypes.
+    """
+
+    vocab_size: int = 8000  # shared source/target vocabulary (ids 0..vocab_size-1)
+    target_vocab_size: int | None = None  # separate target vocabulary; None = vocab_size
+    d_model: int = 256  # model width D
+    num_heads: int = 4  # attention heads N; must divide d_model
+    d_ff: int = 1024  # feed-forward width F
+    num_layers: int = 3  # layers per stack
+    num_encoder_layers: int | None = None  # override for the encoder; None = num_layers
+    num_decoder_layers: int | None = None  # override for the decoder; None = num_layers
+    max_len: int = 256  # longest sequence the position table covers
+    dropout_rate: float = 0.1  # on embeddings and every residual branch
+    attention_dropout_rate: float = 0.0  # on attention weights
+    pad_id: int = 0  # padding token id, masked everywhere
+    norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    positional: str = "sinusoidal"  # 'sinusoidal' (paper) or 'learned' (GPT-2)
+    activation: str = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
+    use_bias: bool = True  # biases in projections and feed-forward
+    layer_norm_eps: float = 1e-5
+    share_embeddings: bool = True  # one embedding for source and target tokens
+    tie_output_embedding: bool = True  # logits = x @ target_embedding^T
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper 3.4)
+    attention_impl: str = "xla"  # 'xla' (our vmapped attention) or 'jax_nn'
+    dtype: Any = "float32"  # compute dtype
+    param_dtype: Any = "float32"  # parameter storage dtype
+    scan_layers: bool = False  # stack layers with nn.scan (compile time flat in depth)
+    remat: bool = False  # rematerialise each layer in the backward pass
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", _as_dtype("dtype", self.dtype))
+        object.__setattr__(self, "param_dtype", _as_dtype("param_dtype", self.param_dtype))
+        positive = ["vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"]
+        for name in positive + ["target_vocab_size", "num_encoder_layers", "num_decoder_layers"]:
+            value = getattr(self, name)
+            if value is None and name not in positive:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TransformerConfig.{name}={value!r} must be a positive integer.")
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"TransformerConfig.num_heads={self.num_heads} does not divide "
+                f"d_model={self.d_model}; pick num_heads among the divisors of d_model."
+            )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"TransformerConfig.{name}={value!r} must be in [0, 1).")
+        if self.layer_norm_eps <= 0:
+            raise ValueError(f"TransformerConfig.layer_norm_eps={self.layer_norm_eps} must be > 0.")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"TransformerConfig.{name}={getattr(self, name)!r} is not one of {allowed}."
+                )
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"TransformerConfig.d_model={self.d_model} must be even for sinusoidal positions."
+            )
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(
+                f"TransformerConfig.pad_id={self.pad_id} must be a token id in "
+                f"[0, vocab_size={self.vocab_size})."
+            )
+        if self.target_vocab_size not in (None, self.vocab_size) and self.share_embeddings:
+            raise ValueError(
+                f"TransformerConfig.share_embeddings=True needs one vocabulary, but "
+                f"target_vocab_size={self.target_vocab_size} != vocab_size={self.vocab_size}; "
+                "set share_embeddings=False."
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Width H of one head: d_model / num_heads."""
+        return self.d_model // self.num_heads
+
+    @property
+    def encoder_layers(self) -> int:
+        return self.num_encoder_layers or self.num_layers
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def output_vocab_size(self) -> int:
+        return self.target_vocab_size or self.vocab_size
+
+    def replace(self, **changes) -> TransformerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def check_length(self, length: int, name: str = "sequence") -> None:
+        """Raise ValueError if a sequence of `length` tokens exceeds `max_len`."""
+        if length > self.max_len:
+            raise ValueError(
+                f"{name} length {length} exceeds TransformerConfig.max_len={self.max_len}; "
+                "shorten the input or raise max_len."
+            )

@@ -1,0 +1,35 @@
+"""Pure jnp functions: every formula of the Transformer as a function of explicit arrays.
+
+Nothing here imports flax. Each function works on a single example (and, for attention, a
+single head) unless its name says otherwise; batch and head axes are added with `jax.vmap`.
+Dimension letters are those of the package docstring (`flax_transformer`).
+"""
+
+from flax_transformer.functional.attention import (
+    MASK_VALUE,
+    dot_product_attention,
+    multi_head_attention,
+    simple_self_attention,
+)
+from flax_transformer.functional.feed_forward import feed_forward
+from flax_transformer.functional.masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+)
+from flax_transformer.functional.norms import LAYER_NORM_EPS, layer_norm
+from flax_transformer.functional.positions import sinusoidal_positions
+
+__all__ = [
+    "LAYER_NORM_EPS",
+    "MASK_VALUE",
+    "causal_mask",
+    "combine_masks",
+    "dot_product_attention",
+    "feed_forward",
+    "layer_norm",
+    "multi_head_attention",
+    "padding_mask",
+    "simple_self_attention",
+    "sinusoidal_positions",
+]

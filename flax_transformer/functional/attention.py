@@ -1,0 +1,161 @@
+"""Scaled dot-product attention (seed 000 section 1.2, seed 002, seed 003).
+
+    Attention(Q, K, V) = softmax(Q K^T * scale) V,   scale = 1 / sqrt(d_k) by default.
+
+`dot_product_attention` is the single-head, single-example formula; `multi_head_attention`
+lifts it with `jax.vmap` over heads and then batch, which XLA turns into batched matmuls.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
+# exp(MASK_VALUE - max) underflows to exactly 0, and unlike -inf it never produces NaN
+# (Gemma's K_MASK and MaxText's DEFAULT_MASK_VALUE make the same choice).
+MASK_VALUE = float(jnp.finfo(jnp.float32).min)
+
+
+def _check_rank(name: str, x: jax.Array, rank: int) -> None:
+    if x.ndim != rank:
+        raise ValueError(f"{name} must have rank {rank}, got {name}.shape={x.shape}.")
+
+
+def dot_product_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Single-head attention of one example.
+
+    Args:
+      q: queries `(T, H)` (H = d_k).
+      k: keys `(S, H)`.
+      v: values `(S, Hv)`.
+      mask: optional bool `(T, S)` (or broadcastable to it); True where the query may attend.
+      scale: multiplier of the scores; None means `1/sqrt(H)`, 1.0 the unscaled form.
+      dropout_rate: probability of dropping an attention weight (applied to the weights that
+        multiply V; the returned weights are the ones before dropout).
+      dropout_rng: PRNG key; dropout runs only when it is given and `dropout_rate > 0`.
+
+    Returns:
+      `(out (T, Hv), weights (T, S))`. The softmax runs in float32; `out` is cast back to
+      `q.dtype` and `weights` stays float32. A query row that may attend to no key gets
+      all-zero weights and a zero output (never NaN).
+    """
+    _check_rank("q", q, 2)
+    _check_rank("k", k, 2)
+    _check_rank("v", v, 2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k need the same last axis (d_k): {q.shape=}, {k.shape=}.")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v need the same length S: {k.shape=}, {v.shape=}.")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+
+    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=jnp.float32)
+    scores_TS = scores_TS.astype(jnp.float32) * scale
+    if mask is not None:
+        mask_TS = jnp.broadcast_to(mask, scores_TS.shape)
+        scores_TS = jnp.where(mask_TS, scores_TS, MASK_VALUE)
+        weights_TS = jax.nn.softmax(scores_TS, axis=-1)
+        # A row with no visible key would otherwise be uniform over masked keys.
+        weights_TS = jnp.where(mask_TS, weights_TS, 0.0)
+    else:
+        weights_TS = jax.nn.softmax(scores_TS, axis=-1)
+
+    used_TS = weights_TS
+    if dropout_rng is not None and dropout_rate > 0.0:
+        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, used_TS.shape)
+        used_TS = jnp.where(keep, used_TS / (1.0 - dropout_rate), 0.0)
+
+    out = jnp.einsum("ts,sh->th", used_TS.astype(v.dtype), v)
+    return out.astype(q.dtype), weights_TS
+
+
+def multi_head_attention(
+    q_BTNH: jax.Array,
+    k_BSNH: jax.Array,
+    v_BSNH: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """`dot_product_attention` lifted with `jax.vmap` over heads, then batch.
+
+    Args:
+      q_BTNH: queries `(B, T, N, H)`.
+      k_BSNH: keys `(B, S, N, H)`.
+      v_BSNH: values `(B, S, N, Hv)`.
+      mask: optional bool mask broadcastable to `(B, N, T, S)`, e.g. `(B, 1, T, S)`,
+        `(B, 1, 1, S)` or `(T, S)`; True where the query may attend.
+      scale, dropout_rate: as in `dot_product_attention`.
+      dropout_rng: one key; it is split so that every (example, head) drops independently.
+
+    Returns:
+      `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32.
+    """
+    for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
+        _check_rank(name, x, 4)
+    batch, q_len, num_heads, _ = q_BTNH.shape
+    kv_len = k_BSNH.shape[1]
+    if k_BSNH.shape[0] != batch or k_BSNH.shape[2] != num_heads:
+        raise ValueError(
+            f"q and k need the same batch and head axes: {q_BTNH.shape=}, {k_BSNH.shape=}."
+        )
+    if mask is not None:
+        try:
+            mask = jnp.broadcast_to(mask, (batch, num_heads, q_len, kv_len))
+        except ValueError as err:
+            raise ValueError(
+                f"mask.shape={mask.shape} does not broadcast to (B, N, T, S)="
+                f"{(batch, num_heads, q_len, kv_len)}."
+            ) from err
+
+    use_dropout = dropout_rng is not None and dropout_rate > 0.0
+    keys = jax.random.split(dropout_rng, (batch, num_heads)) if use_dropout else None
+
+    def one_head(q_TH, k_SH, v_SH, mask_TS, key):
+        return dot_product_attention(
+            q_TH, k_SH, v_SH, mask_TS, scale=scale, dropout_rate=dropout_rate, dropout_rng=key
+        )
+
+    # Heads are axis 1 of the (T, N, H) inputs and axis 0 of the (N, T, S) mask.
+    per_head = jax.vmap(
+        one_head,
+        in_axes=(1, 1, 1, None if mask is None else 0, None if keys is None else 0),
+        out_axes=(1, 0),
+    )
+    per_batch = jax.vmap(
+        per_head,
+        in_axes=(0, 0, 0, None if mask is None else 0, None if keys is None else 0),
+        out_axes=(0, 0),
+    )
+    return per_batch(q_BTNH, k_BSNH, v_BSNH, mask, keys)
+
+
+def simple_self_attention(x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Self-attention with no trainable weights (seed 003, section 3.3).
+
+    Every token is query, key and value at once: scores are plain dot products `x x^T`
+    (unscaled, as in the notes), normalised by softmax, and the context of token t is the
+    weighted sum of all token vectors.
+
+    Args:
+      x_TD: token vectors `(T, D)`.
+
+    Returns:
+      `(context (T, D), weights (T, T))`.
+    """
+    _check_rank("x_TD", x_TD, 2)
+    return dot_product_attention(x_TD, x_TD, x_TD, scale=1.0)

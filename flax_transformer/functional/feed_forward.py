@@ -1,0 +1,37 @@
+"""Position-wise feed-forward network (seed 000: FFN(x) = max(0, x W1 + b1) W2 + b2)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def feed_forward(
+    x_TD: jax.Array,
+    w1_DF: jax.Array,
+    b1_F: jax.Array | None,
+    w2_FD: jax.Array,
+    b2_D: jax.Array | None,
+    activation: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+) -> jax.Array:
+    """Apply the same two-layer MLP to every position.
+
+    Args:
+      x_TD: inputs `(..., D)`.
+      w1_DF, b1_F: first layer `(D, F)`, `(F,)` (bias may be None).
+      w2_FD, b2_D: second layer `(F, D)`, `(D,)` (bias may be None).
+      activation: the nonlinearity between them (ReLU in the paper; GELU in GPT-2).
+
+    Returns:
+      `(..., D)`.
+    """
+    h = jnp.einsum("...d,df->...f", x_TD, w1_DF)
+    if b1_F is not None:
+        h = h + b1_F
+    h = activation(h)
+    y = jnp.einsum("...f,fd->...d", h, w2_FD)
+    if b2_D is not None:
+        y = y + b2_D
+    return y

@@ -1,0 +1,47 @@
+"""Layer normalisation (seed 000: LayerNorm)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# torch.nn.LayerNorm's default epsilon, also the value of the 2017 reference implementations.
+LAYER_NORM_EPS = 1e-5
+
+
+def layer_norm(
+    x: jax.Array,
+    scale: jax.Array | None,
+    bias: jax.Array | None,
+    eps: float = LAYER_NORM_EPS,
+    *,
+    eps_inside_sqrt: bool = True,
+) -> jax.Array:
+    """Normalise the last axis to zero mean and unit variance, then scale and shift.
+
+        y = (x - mean) / sqrt(var + eps) * scale + bias     (standard: torch, flax)
+        y = (x - mean) / (std + eps) * scale + bias         (eps_inside_sqrt=False: the notes)
+
+    The variance is the biased one (divide by D). Statistics are computed in float32 and
+    the result is cast back to `x.dtype`.
+
+    Args:
+      x: `(..., D)`.
+      scale: `(D,)` gain, or None for 1.
+      bias: `(D,)` shift, or None for 0.
+      eps: the small constant that keeps the division finite.
+      eps_inside_sqrt: which of the two forms above.
+    """
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    centred = x32 - mean
+    var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
+    if eps_inside_sqrt:
+        y = centred * jax.lax.rsqrt(var + eps)
+    else:
+        y = centred / (jnp.sqrt(var) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    return y.astype(x.dtype)

@@ -1,0 +1,85 @@
+"""Token embeddings and positional encodings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from flax_transformer import axes
+from flax_transformer.functional import sinusoidal_positions
+from flax_transformer.layers.initializers import default_embed_init, partitioned
+
+
+class Embed(nn.Module):
+    """A `(V, D)` lookup table; `attend` reuses it as the output projection (tied logits).
+
+    Attributes:
+      vocab_size: V.
+      features: D.
+      dtype, param_dtype: compute and storage dtypes.
+    """
+
+    vocab_size: int
+    features: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def setup(self):
+        self.embedding = self.param(
+            "embedding",
+            partitioned(default_embed_init, (axes.VOCAB, axes.EMBED)),
+            (self.vocab_size, self.features),
+            self.param_dtype,
+        )
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        """ids `(...)` int -> `(..., D)`. Ids must already be checked to be in range."""
+        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+
+    def attend(self, x_BTD: jax.Array) -> jax.Array:
+        """x `(..., D)` -> logits `(..., V)` against the embedding matrix."""
+        return jnp.einsum(
+            "...d,vd->...v", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype)
+        )
+
+
+class PositionalEncoding(nn.Module):
+    """Adds position information: the fixed sinusoidal table or a learned `(max_len, D)` one.
+
+    Attributes:
+      max_len: number of positions covered.
+      kind: 'sinusoidal' or 'learned'.
+      param_dtype: storage dtype of the learned table.
+    """
+
+    max_len: int
+    kind: str = "sinusoidal"
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
+        """x `(B, T, D)` plus the encoding of `positions_BT` (default 0..T-1)."""
+        chex.assert_rank(x_BTD, 3)
+        _, length, width = x_BTD.shape
+        if positions_BT is None:
+            if length > self.max_len:
+                raise ValueError(
+                    f"sequence length {length} exceeds max_len={self.max_len}; shorten the "
+                    "input or raise TransformerConfig.max_len."
+                )
+            positions_BT = jnp.arange(length)[None, :]
+        if self.kind == "learned":
+            table = self.param(
+                "pos_embedding",
+                partitioned(default_embed_init, (axes.LENGTH, axes.EMBED)),
+                (self.max_len, width),
+                self.param_dtype,
+            )
+        else:
+            table = sinusoidal_positions(self.max_len, width)
+        pos_BTD = jnp.take(table, positions_BT, axis=0)
+        return x_BTD + pos_BTD.astype(x_BTD.dtype)

@@ -1,0 +1,176 @@
+"""Shapes, parameters and equivalences of the linen layers."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from flax_transformer import (
+    FeedForward,
+    LayerNorm,
+    MultiHeadAttention,
+    PositionalEncoding,
+    causal_mask,
+    dot_product_attention,
+    layer_norm,
+    sinusoidal_positions,
+)
+
+B, T, S, D, N = 2, 5, 7, 16, 4
+H = D // N
+
+
+def _init(module, *args, **kwargs):
+    variables = module.init(jax.random.key(0), *args, **kwargs)
+    return nn.unbox(variables)
+
+
+def test_layer_norm_module_matches_function_and_flax():
+    x = jax.random.normal(jax.random.key(1), (B, T, D)) * 3 + 1
+    module = LayerNorm()
+    params = _init(module, x)
+    chex.assert_trees_all_equal_shapes(
+        params, {"params": {"scale": jnp.ones(D), "bias": jnp.zeros(D)}}
+    )
+    params = jax.tree.map(lambda p: p + jax.random.normal(jax.random.key(2), p.shape), params)
+    y = module.apply(params, x)
+    chex.assert_shape(y, (B, T, D))
+    p = params["params"]
+    chex.assert_trees_all_close(y, layer_norm(x, p["scale"], p["bias"]), atol=1e-6)
+    reference = nn.LayerNorm(epsilon=1e-5).apply(params, x)
+    chex.assert_trees_all_close(y, reference, atol=1e-5)
+
+
+def test_feed_forward_shapes_and_relu():
+    x = jax.random.normal(jax.random.key(1), (B, T, D))
+    module = FeedForward(d_ff=32)
+    params = _init(module, x)["params"]
+    assert {k: v.shape for k, v in params.items()} == {
+        "wi_kernel": (D, 32),
+        "wi_bias": (32,),
+        "wo_kernel": (32, D),
+        "wo_bias": (D,),
+    }
+    y = module.apply({"params": params}, x)
+    expected = np.maximum(np.asarray(x) @ params["wi_kernel"], 0) @ params["wo_kernel"]
+    chex.assert_trees_all_close(y, expected, atol=1e-5)
+
+
+def test_self_attention_parameter_shapes():
+    x = jnp.ones((B, T, D))
+    params = _init(MultiHeadAttention(num_heads=N), x)["params"]
+    assert {k: v.shape for k, v in params.items()} == {
+        "qkv_kernel": (D, 3, N, H),
+        "qkv_bias": (3, N, H),
+        "out_kernel": (N, H, D),
+        "out_bias": (D,),
+    }
+
+
+def test_cross_attention_parameter_shapes_and_output():
+    x, m = jnp.ones((B, T, D)), jnp.ones((B, S, D))
+    module = MultiHeadAttention(num_heads=N, cross=True)
+    params = _init(module, x, m)["params"]
+    assert {k: v.shape for k, v in params.items()} == {
+        "query_kernel": (D, N, H),
+        "query_bias": (N, H),
+        "kv_kernel": (D, 2, N, H),
+        "kv_bias": (2, N, H),
+        "out_kernel": (N, H, D),
+        "out_bias": (D,),
+    }
+    chex.assert_shape(module.apply({"params": params}, x, m), (B, T, D))
+
+
+def test_fused_heads_equal_independent_single_heads():
+    """Seed 003: N single-head attentions, concatenated, then W_O, equal the fused module."""
+    x = jax.random.normal(jax.random.key(3), (B, T, D))
+    mask = causal_mask(T)
+    module = MultiHeadAttention(num_heads=N)
+    params = _init(module, x)["params"]
+    params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(jax.random.key(4), p.shape), params)
+    fused = module.apply({"params": params}, x, mask=mask)
+
+    wqkv, bqkv = params["qkv_kernel"], params["qkv_bias"]
+    outputs = []
+    for b in range(B):
+        heads = []
+        for n in range(N):
+            q = x[b] @ wqkv[:, 0, n] + bqkv[0, n]
+            k = x[b] @ wqkv[:, 1, n] + bqkv[1, n]
+            v = x[b] @ wqkv[:, 2, n] + bqkv[2, n]
+            heads.append(dot_product_attention(q, k, v, mask)[0])
+        concat_TD = jnp.concatenate(heads, axis=-1)
+        outputs.append(concat_TD @ params["out_kernel"].reshape(D, D) + params["out_bias"])
+    chex.assert_trees_all_close(fused, jnp.stack(outputs), atol=1e-5)
+
+
+def test_sown_weights_equal_functional_weights():
+    x = jax.random.normal(jax.random.key(5), (B, T, D))
+    module = MultiHeadAttention(num_heads=N)
+    params = _init(module, x)
+    _, state = module.apply(params, x, mask=causal_mask(T), mutable=["intermediates"])
+    (weights,) = state["intermediates"]["attention_weights"]
+    chex.assert_shape(weights, (B, N, T, T))
+    p = params["params"]
+    q = jnp.einsum("btd,dnh->btnh", x, p["qkv_kernel"][:, 0]) + p["qkv_bias"][0]
+    k = jnp.einsum("btd,dnh->btnh", x, p["qkv_kernel"][:, 1]) + p["qkv_bias"][1]
+    v = jnp.einsum("btd,dnh->btnh", x, p["qkv_kernel"][:, 2]) + p["qkv_bias"][2]
+    _, expected = dot_product_attention(q[1, :, 2], k[1, :, 2], v[1, :, 2], causal_mask(T))
+    chex.assert_trees_all_close(weights[1, 2], expected, atol=1e-6)
+    # Not recorded unless asked for.
+    _, state = module.apply(params, x, mutable=[])
+    assert "intermediates" not in state
+
+
+def test_jax_nn_attention_impl_matches_xla():
+    x = jax.random.normal(jax.random.key(6), (B, T, D))
+    mask = causal_mask(T)
+    ours = MultiHeadAttention(num_heads=N)
+    params = _init(ours, x)
+    theirs = MultiHeadAttention(num_heads=N, impl="jax_nn")
+    chex.assert_trees_all_close(
+        ours.apply(params, x, mask=mask), theirs.apply(params, x, mask=mask), atol=1e-5
+    )
+
+
+def test_bf16_compute_keeps_float32_params_and_softmax():
+    x = jax.random.normal(jax.random.key(7), (B, T, D))
+    module = MultiHeadAttention(num_heads=N, dtype=jnp.bfloat16)
+    params = _init(module, x)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params))
+    y, state = module.apply(params, x, mutable=["intermediates"])
+    assert y.dtype == jnp.bfloat16
+    assert state["intermediates"]["attention_weights"][0].dtype == jnp.float32
+
+
+def test_attention_dropout_uses_rng_and_is_off_when_deterministic():
+    x = jax.random.normal(jax.random.key(8), (B, T, D))
+    module = MultiHeadAttention(num_heads=N, dropout_rate=0.5)
+    params = _init(module, x)
+    base = module.apply(params, x)
+    chex.assert_trees_all_close(base, module.apply(params, x, deterministic=True))
+    a = module.apply(params, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    b = module.apply(params, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    c = module.apply(params, x, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    chex.assert_trees_all_close(a, b)
+    assert not np.allclose(a, base) and not np.allclose(a, c)
+
+
+def test_positional_encoding_adds_table_and_rejects_long_input():
+    x = jnp.zeros((B, T, D))
+    module = PositionalEncoding(max_len=10)
+    y = module.apply({}, x)
+    chex.assert_trees_all_close(y[0], sinusoidal_positions(T, D), atol=1e-6)
+    learned = PositionalEncoding(max_len=10, kind="learned")
+    params = _init(learned, x)
+    chex.assert_shape(params["params"]["pos_embedding"], (10, D))
+    with pytest.raises(ValueError, match="exceeds max_len=10"):
+        module.apply({}, jnp.zeros((1, 11, D)))
+
+
+def test_head_count_must_divide_width():
+    with pytest.raises(ValueError, match="num_heads=3 does not divide"):
+        MultiHeadAttention(num_heads=3).init(jax.random.key(0), jnp.ones((1, 2, D)))
