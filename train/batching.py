@@ -1,0 +1,301 @@
+"""Token ids -> fixed-shape numpy batches, bucketed by length so `jit` compiles few shapes.
+
+Every batch is a dict of int32 arrays padded with PAD_ID (0):
+- translation: `src` (B, L) the source ids; `tgt_in` (B, L) BOS + target ids (decoder input);
+  `tgt_out` (B, L) target ids + EOS (labels). Source and target share the bucket length L.
+- language modelling: `inputs` (B, L) and `targets` (B, L), the document BOS + ids + EOS
+  shifted by one.
+A batch's L is one of a few bucket lengths and its B is fixed per bucket, so the training step
+compiles once per bucket. Rows past the data are all padding (the loss masks them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+# Shortest default bucket: below this, bucketing saves less than it costs in compiles.
+MIN_BUCKET_LENGTH = 8
+ON_TOO_LONG = ("drop", "error")
+TASKS = ("translation", "lm")
+
+Batch = dict[str, np.ndarray]
+Pair = tuple[Sequence[int], Sequence[int]]
+
+
+def default_bucket_lengths(max_len: int, min_len: int = MIN_BUCKET_LENGTH) -> tuple[int, ...]:
+    """Powers of two from `min_len` below `max_len`, then `max_len` itself.
+
+    Args:
+        max_len: the longest sequence the model takes.
+        min_len: the shortest bucket.
+
+    Returns:
+        Increasing bucket lengths ending with max_len, e.g. (8, 16, 32, 64, 100) for 100.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len={max_len} must be positive.")
+    lengths = []
+    length = min_len
+    while length < max_len:
+        lengths.append(length)
+        length *= 2
+    return (*lengths, max_len)
+
+
+def example_length(example, task: str) -> int:
+    """Padded length an example needs.
+
+    Args:
+        example: (src_ids, tgt_ids) for "translation", ids for "lm" (no BOS/EOS).
+        task: "translation" or "lm".
+
+    Returns:
+        max(len(src), len(tgt) + 1) for translation (tgt_in is BOS + tgt), len(ids) + 1 for lm.
+    """
+    if task == "translation":
+        src, tgt = example
+        return max(len(src), len(tgt) + 1)
+    if task == "lm":
+        return len(example) + 1
+    raise ValueError(f"task={task!r} is not one of {TASKS}.")
+
+
+def filter_by_length(
+    examples: Sequence, max_len: int, task: str, on_too_long: str = "drop"
+) -> tuple[list, int]:
+    """Removes examples longer than `max_len`, or raises; never clips.
+
+    Args:
+        examples: (src_ids, tgt_ids) pairs for task "translation", id lists for "lm".
+        max_len: longest padded length allowed (see `example_length`).
+        task: "translation" or "lm".
+        on_too_long: "drop" to remove them and report how many, "error" to raise.
+
+    Returns:
+        (kept examples in their order, number dropped): log a warning if the count is nonzero.
+
+    Raises:
+        ValueError: on_too_long="error" and an example is too long (names its index).
+    """
+    if on_too_long not in ON_TOO_LONG:
+        raise ValueError(f"on_too_long={on_too_long!r} is not one of {ON_TOO_LONG}.")
+    kept = []
+    for index, example in enumerate(examples):
+        length = example_length(example, task)
+        if length <= max_len:
+            kept.append(example)
+        elif on_too_long == "error":
+            raise ValueError(
+                f"Example {index} needs length {length} > max_len={max_len}; raise max_len or "
+                "pass on_too_long='drop'."
+            )
+    return kept, len(examples) - len(kept)
+
+
+def _batch_sizes(
+    bucket_lengths: Sequence[int],
+    batch_size: int | None,
+    tokens_per_batch: int | None,
+    batch_size_multiple: int,
+) -> list[int]:
+    """Rows per batch for each bucket: fixed, or as many as fit tokens_per_batch."""
+    if (batch_size is None) == (tokens_per_batch is None):
+        raise ValueError(
+            f"Pass exactly one of batch_size={batch_size} and tokens_per_batch={tokens_per_batch}."
+        )
+    if batch_size_multiple < 1:
+        raise ValueError(f"batch_size_multiple={batch_size_multiple} must be positive.")
+    if batch_size is not None:
+        if batch_size < 1 or batch_size % batch_size_multiple:
+            raise ValueError(
+                f"batch_size={batch_size} must be a positive multiple of "
+                f"batch_size_multiple={batch_size_multiple} (e.g. the device count)."
+            )
+        return [batch_size] * len(bucket_lengths)
+    sizes = []
+    for length in bucket_lengths:
+        rows = tokens_per_batch // length // batch_size_multiple * batch_size_multiple
+        sizes.append(max(rows, batch_size_multiple))
+    return sizes
+
+
+def _plan(lengths, bucket_lengths, batch_sizes, rng, drop_remainder):
+    """Groups example indices into batches: list of (bucket length, index array)."""
+    if (
+        not bucket_lengths
+        or list(bucket_lengths) != sorted(set(bucket_lengths))
+        or (bucket_lengths[0] < 1)
+    ):
+        raise ValueError(f"bucket_lengths={bucket_lengths} must be positive and increasing.")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.max() > bucket_lengths[-1]:
+        raise ValueError(
+            f"An example needs length {lengths.max()} > the largest bucket {bucket_lengths[-1]}; "
+            "remove long examples first with filter_by_length."
+        )
+    order = rng.permutation(lengths.size) if rng is not None else np.arange(lengths.size)
+    bucket_of = np.searchsorted(np.asarray(bucket_lengths), lengths[order])
+    plan = []
+    for bucket, (length, rows) in enumerate(zip(bucket_lengths, batch_sizes, strict=True)):
+        members = order[bucket_of == bucket]
+        for start in range(0, members.size, rows):
+            chunk = members[start : start + rows]
+            if chunk.size == rows or not drop_remainder:
+                plan.append((length, rows, chunk))
+    if rng is not None:
+        plan = [plan[i] for i in rng.permutation(len(plan))]
+    return plan
+
+
+def _fill(rows: int, length: int, sequences) -> np.ndarray:
+    """Stacks sequences into a zero-padded (rows, length) int32 array."""
+    out = np.full((rows, length), PAD_ID, dtype=np.int32)
+    for row, sequence in enumerate(sequences):
+        out[row, : len(sequence)] = sequence
+    return out
+
+
+def translation_batches(
+    pairs: Sequence[Pair],
+    *,
+    bucket_lengths: Sequence[int],
+    batch_size: int | None = None,
+    tokens_per_batch: int | None = None,
+    batch_size_multiple: int = 1,
+    rng: np.random.Generator | None = None,
+    drop_remainder: bool = False,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[Batch]:
+    """Bucketed, padded batches for an encoder-decoder.
+
+    Args:
+        pairs: (src_ids, tgt_ids) without BOS/EOS, each fitting the largest bucket.
+        bucket_lengths: increasing lengths L; an example goes to the first that fits it.
+        batch_size: rows B per batch for every bucket; or
+        tokens_per_batch: B = tokens_per_batch // L per bucket (at least batch_size_multiple).
+        batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
+        rng: shuffles examples and batch order (use `data.epoch_rng`); None keeps input order
+            with buckets ascending, for evaluation.
+        drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
+        bos_id: prepended to `tgt_in`.
+        eos_id: appended to `tgt_out`.
+
+    Returns:
+        Batches {'src', 'tgt_in', 'tgt_out'}, each int32 (B, L).
+    """
+    lengths = [example_length(pair, "translation") for pair in pairs]
+    sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
+    batches = []
+    for length, rows, members in _plan(lengths, bucket_lengths, sizes, rng, drop_remainder):
+        chosen = [pairs[i] for i in members]
+        batches.append(
+            {
+                "src": _fill(rows, length, [src for src, _ in chosen]),
+                "tgt_in": _fill(rows, length, [[bos_id, *tgt] for _, tgt in chosen]),
+                "tgt_out": _fill(rows, length, [[*tgt, eos_id] for _, tgt in chosen]),
+            }
+        )
+    return batches
+
+
+def _lm_batch(rows: int, length: int, documents) -> Batch:
+    """inputs/targets for documents already holding BOS ... EOS (length <= length + 1)."""
+    return {
+        "inputs": _fill(rows, length, [doc[:-1] for doc in documents]),
+        "targets": _fill(rows, length, [doc[1:] for doc in documents]),
+    }
+
+
+def lm_batches(
+    sequences: Sequence[Sequence[int]],
+    *,
+    bucket_lengths: Sequence[int],
+    batch_size: int | None = None,
+    tokens_per_batch: int | None = None,
+    batch_size_multiple: int = 1,
+    rng: np.random.Generator | None = None,
+    drop_remainder: bool = False,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[Batch]:
+    """Bucketed, padded language-model batches, one document (e.g. a line) per row.
+
+    Args:
+        sequences: documents' ids without BOS/EOS, each fitting the largest bucket; a
+            document becomes BOS + ids + EOS, so `inputs` starts with BOS and `targets` ends
+            with EOS.
+        bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple, rng,
+        drop_remainder, bos_id, eos_id: as in `translation_batches`.
+
+    Returns:
+        Batches {'inputs', 'targets'}, each int32 (B, L).
+    """
+    lengths = [example_length(sequence, "lm") for sequence in sequences]
+    sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
+    plan = _plan(lengths, bucket_lengths, sizes, rng, drop_remainder)
+    return [
+        _lm_batch(rows, length, [[bos_id, *sequences[i], eos_id] for i in members])
+        for length, rows, members in plan
+    ]
+
+
+def packed_lm_batches(
+    sequences: Sequence[Sequence[int]],
+    *,
+    seq_len: int,
+    batch_size: int,
+    rng: np.random.Generator | None = None,
+    drop_remainder: bool = False,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+) -> list[Batch]:
+    """Concatenates documents into one stream and cuts it into (B, T) windows: no padding
+    except at the very end, so every token trains. Attention crosses document boundaries
+    (as in GPT training); BOS/EOS mark them.
+
+    Args:
+        sequences: documents' ids without BOS/EOS; the stream is BOS + doc + EOS per document.
+        seq_len: T, tokens per row.
+        batch_size: B, rows per batch.
+        rng: shuffles document order before packing and batch order after; None keeps order.
+        drop_remainder: drop the last, partly filled window and batch instead of padding.
+        bos_id: starts each document.
+        eos_id: ends each document.
+
+    Returns:
+        Batches {'inputs', 'targets'}, each int32 (B, T); targets are inputs shifted by one
+        within the stream, so window k's last target is window k+1's first input.
+    """
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
+    order = rng.permutation(len(sequences)) if rng is not None else range(len(sequences))
+    pieces = [np.asarray([bos_id, *sequences[i], eos_id], dtype=np.int32) for i in order]
+    stream = np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
+    # Window k covers stream[k*T : k*T + T + 1]: T inputs, and T targets one step later.
+    num_windows = max(len(stream) - 1, 0) // seq_len
+    if not drop_remainder and (len(stream) - 1) % seq_len:
+        num_windows += 1
+    padded = np.full((num_windows * seq_len + 1,), PAD_ID, dtype=np.int32)
+    used = min(len(stream), padded.size)
+    padded[:used] = stream[:used]
+    inputs = padded[:-1].reshape(num_windows, seq_len)
+    targets = padded[1:].reshape(num_windows, seq_len)
+    batches = []
+    for start in range(0, num_windows, batch_size):
+        rows = slice(start, start + batch_size)
+        if inputs[rows].shape[0] < batch_size and drop_remainder:
+            break
+        batches.append(
+            {
+                "inputs": _fill(batch_size, seq_len, inputs[rows]),
+                "targets": _fill(batch_size, seq_len, targets[rows]),
+            }
+        )
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches

