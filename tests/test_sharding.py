@@ -1,0 +1,55 @@
+"""Sharded training step on 8 simulated CPU devices equals the single-device step."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+from flax_transformer.sharding import make_mesh
+
+SCRIPT = Path(__file__).with_name("sharded_step_check.py")
+
+
+@pytest.fixture(scope="module")
+def sharded_results():
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["unrolled", "scan"])
+def test_sharded_step_equals_single_device(sharded_results, mode):
+    results = sharded_results[mode]
+    for shape, r in results.items():
+        assert r["max_param_diff"] < 1e-5, (shape, r)
+        assert r["loss_diff"] < 1e-5, (shape, r)
+    lead = ["None"] if mode == "scan" else []  # the stacked 'layers' axis is not split
+    # qkv kernel (D, 3, N, H): embed over fsdp, heads over tensor.
+    assert results["2x2x2"]["qkv_spec"] == lead + ["fsdp", "None", "tensor", "None"]
+    shape = results["2x2x2"]["qkv_shape"]
+    expected = list(shape)
+    expected[len(lead)] //= 2
+    expected[len(lead) + 2] //= 2
+    assert results["2x2x2"]["qkv_shard_shape"] == expected
+    assert results["2x2x2"]["embed_spec"] == ["tensor", "fsdp"]
+    if mode == "unrolled":
+        # Pure data parallelism: fsdp and tensor have size 1, so every shard is whole.
+        assert results["8x1x1"]["qkv_shard_shape"] == results["8x1x1"]["qkv_shape"]
+
+
+def test_make_mesh_errors_name_sizes():
+    n = jax.device_count()
+    assert make_mesh().devices.shape == (n, 1, 1)
+    with pytest.raises(ValueError, match=r"needs 6 devices"):
+        make_mesh(3, 2, 1)
+    with pytest.raises(ValueError, match="at most one mesh axis may be -1"):
+        make_mesh(-1, -1)
+    with pytest.raises(ValueError, match="positive or -1"):
+        make_mesh(0)
