@@ -1,8 +1,8 @@
 """Run in a subprocess by test_sharding.py with 8 simulated CPU devices.
 
 Compares one AdamW training step of a tiny model on a single device with the same step under
-2x2x2 and 8x1x1 meshes (unrolled layers) and a 2x2x2 mesh (scanned layers), and checks that parameters are split as the rules say. Prints one
-JSON line with the results.
+2x2x2 and 8x1x1 meshes (unrolled layers) and a 2x2x2 mesh (scanned layers), and checks that
+parameters are split as the rules say. Prints one JSON line with the results.
 """
 
 import json
@@ -68,7 +68,7 @@ def check(scan_layers: bool, mesh_shapes) -> dict:
             )
         diff = max(
             float(jnp.max(jnp.abs(a - b)))
-            for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params))
+            for a, b in zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params), strict=True)
         )
         layer = new_params["params"]["encoder"]
         layer = layer["layers"] if cfg.scan_layers else layer["layers_0"]
