@@ -1,0 +1,87 @@
+"""Shared pieces of the benchmark scripts: the three model sizes, timing, machine facts."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """One benchmark configuration (the anchors of issue 5)."""
+
+    name: str
+    kind: str  # 'encdec' or 'deconly'
+    vocab: int
+    d_model: int
+    heads: int
+    d_ff: int
+    layers: int
+    batch: int
+    src_len: int  # 0 for decoder-only
+    tgt_len: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens processed per step: source plus target tokens for the encoder-decoder."""
+        return self.batch * (self.src_len + self.tgt_len)
+
+
+SIZES = {
+    "encdec": Size("encdec", "encdec", 8000, 256, 4, 1024, 3, 16, 64, 64),
+    "dec_small": Size("dec_small", "deconly", 8000, 256, 4, 1024, 4, 16, 0, 128),
+    "dec_base": Size("dec_base", "deconly", 32000, 512, 8, 2048, 6, 8, 0, 256),
+}
+
+
+def time_steps(run: Callable[[], object], steps: int, warmup: int = 2) -> list[float]:
+    """Seconds per call of `run` (which must block until its result is ready)."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def matmul_peak_flops(n: int = 1024, dtype=jnp.float32, steps: int = 10) -> float:
+    """Achieved FLOP/s of one large jitted square matmul: this machine's practical peak."""
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    f = jax.jit(lambda x: x @ x)
+    f(a).block_until_ready()
+    t = median(time_steps(lambda: f(a).block_until_ready(), steps))
+    return 2 * n**3 / t
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {jax.devices()[0].platform}, "
+        f"jax {jax.__version__}, {time.strftime('%Y-%m-%d')}"
+    )
+
+
+def random_tokens(shape, vocab: int, seed: int = 0) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape), jnp.int32)
