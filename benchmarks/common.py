@@ -39,7 +39,33 @@ SIZES = {
     "encdec": Size("encdec", "encdec", 8000, 256, 4, 1024, 3, 16, 64, 64),
     "dec_small": Size("dec_small", "deconly", 8000, 256, 4, 1024, 4, 16, 0, 128),
     "dec_base": Size("dec_base", "deconly", 32000, 512, 8, 2048, 6, 8, 0, 256),
+    # GPT-2 small, for accelerators (benchmarks/gpu.sh).
+    "gpt2_small": Size("gpt2_small", "deconly", 50257, 768, 12, 3072, 12, 16, 0, 1024),
 }
+
+
+def model_flops_per_step(size: Size) -> float:
+    """Training FLOPs of one step by the usual count: 6 per parameter-token for the matmuls
+    (forward 2, backward 4) plus 12 * layers * D * context per token for attention scores
+    and values (PaLM appendix B). Embedding lookups count nothing; the tied output
+    projection counts as a matmul."""
+    d, f, v = size.d_model, size.d_ff, size.vocab
+    attn, ffn = 4 * d * d, 2 * d * f
+    if size.kind == "encdec":
+        enc = size.layers * (attn + ffn)
+        dec = size.layers * (2 * attn + ffn)
+        dense = 6 * (size.batch * size.src_len * enc + size.batch * size.tgt_len * (dec + d * v))
+        scores = (
+            12
+            * size.layers
+            * d
+            * size.batch
+            * (size.src_len**2 + size.tgt_len**2 + size.tgt_len * size.src_len)
+        )
+        return float(dense + scores)
+    per_token = 6 * (size.layers * (attn + ffn) + d * v)
+    scores = 12 * size.layers * d * size.tgt_len * size.batch * size.tgt_len
+    return float(per_token * size.batch * size.tgt_len + scores)
 
 
 def time_steps(run: Callable[[], object], steps: int, warmup: int = 2) -> list[float]:

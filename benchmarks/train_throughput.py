@@ -1,16 +1,20 @@
 """Training throughput (forward + backward + Adam) of our models on this machine.
 
     python benchmarks/train_throughput.py [--sizes encdec,dec_small,dec_base] [--steps 10]
-        [--dtype float32|bfloat16] [--attention xla|jax_nn] [--depth-sweep]
+        [--dtype float32|bfloat16] [--attention xla|jax_nn] [--batch N] [--peak-tflops F]
+        [--depth-sweep]
 
-Prints one row per size: median step time, tokens/s, compile time, XLA's memory estimate
-and the achieved fraction of this machine's measured matmul peak. `--depth-sweep` also
-prints the compile time of a 2/6/12/24-layer decoder with and without `nn.scan`.
+Prints one row per size: median step time, tokens/s, compile time, XLA's memory estimate,
+model FLOPs utilisation (the standard 6N + attention count, `model_flops_per_step`, over the
+peak of one large matmul measured in the same process) and XLA's own FLOP count over that
+peak. `--depth-sweep` also prints the compile time of a 2/6/12/24-layer decoder with and
+without `nn.scan`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -24,6 +28,7 @@ from benchmarks.common import (
     machine_line,
     matmul_peak_flops,
     median,
+    model_flops_per_step,
     random_tokens,
     time_steps,
 )
@@ -104,7 +109,8 @@ def measure(size: Size, steps: int, dtype: str, attention: str, peak: float) -> 
         "tokens_per_s": size.tokens_per_step / t,
         "compile_s": compile_s,
         "mem_mb": mem_mb,
-        "mfu": flops / t / peak if peak else 0.0,
+        "xla_frac": flops / t / peak,
+        "mfu": model_flops_per_step(size) / t / peak,
     }
 
 
@@ -121,6 +127,13 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--attention", default="xla", choices=["xla", "jax_nn"])
+    parser.add_argument("--batch", type=int, default=0, help="override every size's batch")
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="peak to divide by; default: a matmul measured here in --dtype",
+    )
     parser.add_argument("--depth-sweep", action="store_true")
     args = parser.parse_args(argv)
     names = [s for s in args.sizes.split(",") if s]
@@ -129,18 +142,26 @@ def main(argv=None) -> None:
         parser.error(f"unknown size(s) {unknown}; choose from {sorted(SIZES)}")
 
     print(f"# machine: {machine_line()}")
-    peak = matmul_peak_flops(dtype=jnp.float32)
-    print(f"# measured float32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+        print(f"# peak given: {args.peak_tflops} TFLOP/s")
+    else:
+        on_gpu = jax.devices()[0].platform == "gpu"
+        peak = matmul_peak_flops(n=8192 if on_gpu else 1024, dtype=jnp.dtype(args.dtype))
+        print(f"# measured {args.dtype} matmul peak: {peak / 1e9:.1f} GFLOP/s")
     print(f"# dtype={args.dtype} attention={args.attention} steps={args.steps}")
     print(
         f"{'size':<10} {'step ms':>9} {'tokens/s':>10} {'compile s':>10} {'XLA MB':>8} "
-        f"{'of peak':>8}"
+        f"{'MFU':>7} {'XLA/peak':>9}"
     )
     for name in names:
-        r = measure(SIZES[name], args.steps, args.dtype, args.attention, peak)
+        size = SIZES[name]
+        if args.batch:
+            size = dataclasses.replace(size, batch=args.batch)
+        r = measure(size, args.steps, args.dtype, args.attention, peak)
         print(
             f"{r['size']:<10} {r['step_ms']:9.1f} {r['tokens_per_s']:10.0f} "
-            f"{r['compile_s']:10.2f} {r['mem_mb']:8.0f} {r['mfu']:8.1%}",
+            f"{r['compile_s']:10.2f} {r['mem_mb']:8.0f} {r['mfu']:7.1%} {r['xla_frac']:9.1%}",
             flush=True,
         )
     if args.depth_sweep:
