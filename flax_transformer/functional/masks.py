@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import operator
+
 import jax
 import jax.numpy as jnp
 
 
 def causal_mask(length: int) -> jax.Array:
     """Lower-triangular `(T, T)` mask: position t sees positions 0..t (seed 002)."""
-    if not isinstance(length, int) or length < 1:
+    try:
+        if isinstance(length, bool):
+            raise TypeError
+        length = operator.index(length)  # accepts numpy integers, rejects floats
+    except TypeError:
+        raise ValueError(f"causal_mask needs a positive int length, got {length!r}.") from None
+    if length < 1:
         raise ValueError(f"causal_mask needs a positive int length, got {length!r}.")
     return jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))
 

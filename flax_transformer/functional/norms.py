@@ -20,9 +20,11 @@ def layer_norm(
     """Normalise the last axis to zero mean and unit variance, then scale and shift.
 
         y = (x - mean) / sqrt(var + eps) * scale + bias     (standard: torch, flax)
-        y = (x - mean) / (std + eps) * scale + bias         (eps_inside_sqrt=False: the notes)
+        y = (x - mean) / (std + eps) * scale + bias         (eps_inside_sqrt=False)
 
-    The variance is the biased one (divide by D). Statistics are computed in float32 and
+    The variance is the biased one (divide by D) in both forms. Seed 000's code uses the
+    second form with torch's unbiased std (divide by D - 1); that equals ours with `scale`
+    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_seeds.py shows it). Statistics are computed in float32 and
     the result is cast back to `x.dtype`.
 
     Args:

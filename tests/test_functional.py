@@ -1,0 +1,423 @@
+"""Unit and property tests of the pure functional core (`flax_transformer.functional`).
+
+Each function runs both eagerly and under `jax.jit` (`chex.variants`), and is compared with an
+independent reference: `jax.nn.dot_product_attention`, `flax.linen.LayerNorm`, or numpy.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import parameterized
+
+from flax_transformer.functional import (
+    causal_mask,
+    combine_masks,
+    dot_product_attention,
+    feed_forward,
+    layer_norm,
+    multi_head_attention,
+    padding_mask,
+    simple_self_attention,
+    sinusoidal_positions,
+)
+
+# float32 against float32/float64 references.
+TOL = dict(rtol=1e-5, atol=1e-5)
+# bf16 has an 8-bit mantissa: relative error ~2^-8 per rounding.
+BF16_TOL = dict(rtol=3e-2, atol=3e-2)
+
+
+def _normal(seed: int, shape, dtype=np.float32) -> np.ndarray:
+    # Host-side numpy inputs keep the suite fast: with jax.random, every new shape compiles a
+    # threefry kernel (~0.5 s each on CPU), and eager jnp edits compile one op at a time.
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _qkv(seed: int, b=2, t=5, s=7, n=3, h=4, hv=6, dtype=np.float32):
+    return (
+        _normal(seed, (b, t, n, h), dtype),
+        _normal(seed + 100, (b, s, n, h), dtype),
+        _normal(seed + 200, (b, s, n, hv), dtype),
+    )
+
+
+def _random_mask(seed: int, shape, p_visible=0.6, every_row_visible=True) -> np.ndarray:
+    """Random bool mask; optionally forces one random visible key per query row."""
+    rng = np.random.default_rng(seed)
+    mask = rng.uniform(size=shape) < p_visible
+    if every_row_visible:
+        rows = mask.reshape(-1, shape[-1])
+        rows[np.arange(rows.shape[0]), rng.integers(0, shape[-1], rows.shape[0])] = True
+    return mask
+
+
+# jit once per shape rather than compiling jax.nn's ops one by one in eager mode.
+_jax_nn_attention = jax.jit(jax.nn.dot_product_attention, static_argnames="is_causal")
+
+
+def _softmax64(x, axis=-1):
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+class MultiHeadAttentionTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.named_parameters(
+        ("no_mask", "none", 5, 7),
+        ("random_bool_B1TS", "random", 5, 7),
+        ("causal", "causal", 6, 6),
+        ("causal_and_random", "causal_random", 6, 6),
+    )
+    def test_matches_jax_nn(self, mask_kind, t, s):
+        q, k, v = _qkv(0, t=t, s=s, hv=4)  # jax.nn needs the value width equal to H
+        is_causal = mask_kind.startswith("causal")
+        mask = None
+        if "random" in mask_kind:
+            mask = _random_mask(1, (2, 1, t, s))
+            if is_causal:  # keep the diagonal visible so no row is empty
+                mask = mask | np.eye(t, dtype=bool)
+        ours_mask = combine_masks(mask, causal_mask(t) if is_causal else None)
+
+        fn = self.variant(multi_head_attention)
+        out, weights = fn(q, k, v, ours_mask) if ours_mask is not None else fn(q, k, v)
+        chex.assert_shape(out, (2, t, 3, 4))
+        chex.assert_shape(weights, (2, 3, t, s))
+        chex.assert_type(weights, jnp.float32)
+
+        ref = _jax_nn_attention(q, k, v, mask=mask, is_causal=is_causal)
+        np.testing.assert_allclose(out, ref, **TOL)
+        # Weights against a float64 softmax of the masked scores.
+        scores = np.einsum("btnh,bsnh->bnts", np.asarray(q, np.float64), np.asarray(k, np.float64))
+        visible = np.ones((2, 3, t, s), bool) if ours_mask is None else np.asarray(ours_mask)
+        visible = np.broadcast_to(visible, scores.shape)
+        expected = _softmax64(np.where(visible, scores / math.sqrt(4), -np.inf))
+        np.testing.assert_allclose(weights, expected, **TOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_weight_rows_sum_to_one_or_zero(self):
+        q, k, v = _qkv(2)
+        mask = _random_mask(3, (2, 3, 5, 7), p_visible=0.3, every_row_visible=False)
+        mask[0, 1, 2] = False  # at least one empty row for sure
+        _, weights = self.variant(multi_head_attention)(q, k, v, mask)
+        sums = np.asarray(weights).sum(-1)
+        any_visible = np.asarray(mask).any(-1)
+        np.testing.assert_allclose(sums[any_visible], 1.0, rtol=1e-6)
+        np.testing.assert_array_equal(sums[~any_visible], 0.0)
+        np.testing.assert_array_equal(np.asarray(weights)[~np.asarray(mask)], 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_padded_keys_get_exactly_zero_weight(self):
+        q, k, v = _qkv(4, s=6)
+        tokens = np.array([[5, 3, 8, 0, 0, 0], [7, 1, 2, 9, 4, 0]])
+        # Huge scores on the padded keys: they must still get exactly 0, not just ~0.
+        k[0, 3:], k[1, 5:] = 100.0, 100.0
+        mask = padding_mask(tokens, pad_id=0)[:, None]  # (B, 1, 1, S)
+        out, weights = self.variant(multi_head_attention)(q, k, v, mask)
+        chex.assert_shape(out, (2, 5, 3, 6))
+        weights = np.asarray(weights)
+        assert np.all(weights[0, ..., 3:] == 0.0)
+        assert np.all(weights[1, ..., 5:] == 0.0)
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+        # The padded values do not leak into the output.
+        v[0, 3:] = 1e6
+        out2, _ = self.variant(multi_head_attention)(q, k, v, mask)
+        np.testing.assert_array_equal(out2[0], out[0])
+
+    def test_heads_drop_independently(self):
+        q, k, v = _qkv(5, b=1, n=2)
+        q, k, v = (np.repeat(a[:, :, :1], 2, axis=2) for a in (q, k, v))  # identical heads
+        fn = jax.jit(functools.partial(multi_head_attention, dropout_rate=0.5))
+        out, _ = fn(q, k, v, dropout_rng=jax.random.key(0))
+        assert not np.allclose(out[:, :, 0], out[:, :, 1])
+
+    def test_mask_that_does_not_broadcast_raises(self):
+        q, k, v = _qkv(6)
+        with self.assertRaisesRegex(ValueError, r"mask\.shape=\(2, 1, 5, 6\)"):
+            multi_head_attention(q, k, v, np.ones((2, 1, 5, 6), bool))
+
+    def test_rank_errors_name_the_shape(self):
+        q, k, v = _qkv(6)
+        with self.assertRaisesRegex(ValueError, r"q_BTNH\.shape=\(2, 5, 3\)"):
+            multi_head_attention(q[..., 0], k, v)
+        with self.assertRaisesRegex(ValueError, "k_BSNH.shape"):
+            multi_head_attention(q, k[0], v)
+        with self.assertRaisesRegex(ValueError, r"k_BSNH\.shape=\(1, 7, 3, 4\)"):
+            multi_head_attention(q, k[:1], v[:1])
+
+
+def _single_qkv(seed: int, t=5, s=6, h=8, hv=8, dtype=np.float32):
+    # One set of shapes for most single-head tests, so eager mode reuses its compiled ops.
+    return (
+        _normal(seed, (t, h), dtype),
+        _normal(seed + 1, (s, h), dtype),
+        _normal(seed + 2, (s, hv), dtype),
+    )
+
+
+def _attention_loss(q, k, v, mask):
+    out, weights = dot_product_attention(q, k, v, mask)
+    return jnp.sum(out**2) + jnp.sum(weights**2)
+
+
+# Gradients are checked under jit only: eager autodiff compiles every primitive separately.
+_attention_grads = jax.jit(jax.grad(_attention_loss, argnums=(0, 1, 2)))
+
+
+class DotProductAttentionTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_fully_masked_row_is_zero_with_finite_grads(self):
+        q, k, v = _single_qkv(0)
+        mask = np.ones((5, 6), bool)
+        mask[1] = False
+
+        out, weights = self.variant(dot_product_attention)(q, k, v, mask)
+        chex.assert_tree_all_finite((out, weights))
+        np.testing.assert_array_equal(weights[1], 0.0)
+        np.testing.assert_array_equal(out[1], 0.0)
+        np.testing.assert_allclose(np.asarray(weights).sum(-1)[[0, 2, 3, 4]], 1.0, rtol=1e-6)
+
+        grads = _attention_grads(q, k, v, mask)
+        chex.assert_tree_all_finite(grads)
+        np.testing.assert_array_equal(grads[0][1], 0.0)  # the empty row's query has no effect
+        # Nothing visible anywhere: still zeros, still finite.
+        nothing = np.zeros((5, 6), bool)
+        chex.assert_tree_all_finite(_attention_grads(q, k, v, nothing))
+        out, weights = self.variant(dot_product_attention)(q, k, v, nothing)
+        np.testing.assert_array_equal(out, 0.0)
+        np.testing.assert_array_equal(weights, 0.0)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bf16_gives_float32_weights_and_bf16_output(self):
+        q, k, v = _single_qkv(3)
+        mask = np.tril(np.ones((5, 6), bool), 1)
+        out32, w32 = self.variant(dot_product_attention)(q, k, v, mask)
+        bf16 = [a.astype(jnp.bfloat16) for a in (q, k, v)]
+        out, weights = self.variant(dot_product_attention)(*bf16, mask)
+        chex.assert_type(out, jnp.bfloat16)
+        chex.assert_type(weights, jnp.float32)
+        chex.assert_shape((out, weights), [(5, 8), (5, 6)])
+        np.testing.assert_allclose(weights, w32, **BF16_TOL)
+        np.testing.assert_allclose(np.asarray(out, np.float32), out32, **BF16_TOL)
+        np.testing.assert_allclose(np.asarray(weights).sum(-1), 1.0, rtol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_scale_none_is_inverse_sqrt_dk(self):
+        q, k, v = _single_qkv(6)
+        default = self.variant(dot_product_attention)(q, k, v)
+        explicit = self.variant(functools.partial(dot_product_attention, scale=8**-0.5))(q, k, v)
+        chex.assert_trees_all_close(default, explicit, rtol=1e-6, atol=1e-7)
+        unscaled = self.variant(functools.partial(dot_product_attention, scale=1.0))(q, k, v)
+        assert not np.allclose(unscaled[1], default[1])
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_dropout(self):
+        q, k, _ = _single_qkv(9)
+        eye = np.eye(6, dtype=np.float32)  # V = I makes the output the weights actually used
+        rate = 0.5
+        base, w = self.variant(dot_product_attention)(q, k, eye)
+
+        key = jax.random.key(42)
+        no_rate = self.variant(functools.partial(dot_product_attention, dropout_rate=0.0))
+        chex.assert_trees_all_close(no_rate(q, k, eye, dropout_rng=key), (base, w))
+        no_rng = self.variant(functools.partial(dot_product_attention, dropout_rate=rate))
+        chex.assert_trees_all_close(no_rng(q, k, eye), (base, w))
+
+        dropped = self.variant(functools.partial(dot_product_attention, dropout_rate=rate))
+        out_a, w_a = dropped(q, k, eye, dropout_rng=key)
+        out_b, _ = dropped(q, k, eye, dropout_rng=key)
+        out_c, _ = dropped(q, k, eye, dropout_rng=jax.random.key(7))
+        chex.assert_trees_all_equal(out_a, out_b)  # deterministic per key
+        assert not np.allclose(out_a, base)
+        assert not np.allclose(out_a, out_c)
+        chex.assert_trees_all_close(w_a, w)  # returned weights are the ones before dropout
+        # Each used weight is either dropped or rescaled by 1 / (1 - rate).
+        out_a, w = np.asarray(out_a), np.asarray(w)
+        kept = out_a != 0.0
+        assert 0 < kept.sum() < kept.size
+        np.testing.assert_allclose(out_a[kept], w[kept] / (1.0 - rate), rtol=1e-6)
+
+    def test_simple_self_attention_is_unscaled_self_attention(self):
+        x = _normal(0, (6, 8))
+        chex.assert_trees_all_close(
+            simple_self_attention(x), dot_product_attention(x, x, x, scale=1.0)
+        )
+        with self.assertRaisesRegex(ValueError, r"x_TD\.shape=\(2, 3, 4\)"):
+            simple_self_attention(np.ones((2, 3, 4)))
+
+    @parameterized.named_parameters(
+        ("q_rank3", (1, 3, 4), (5, 4), (5, 6), r"q\.shape=\(1, 3, 4\)"),
+        ("k_rank1", (3, 4), (4,), (5, 6), r"k\.shape=\(4,\)"),
+        ("v_rank3", (3, 4), (5, 4), (1, 5, 6), r"v\.shape=\(1, 5, 6\)"),
+        ("dk_mismatch", (3, 4), (5, 2), (5, 6), r"q\.shape=\(3, 4\), k\.shape=\(5, 2\)"),
+        ("len_mismatch", (3, 4), (5, 4), (6, 6), r"k\.shape=\(5, 4\), v\.shape=\(6, 6\)"),
+    )
+    def test_shape_errors_name_the_shape(self, q_shape, k_shape, v_shape, pattern):
+        q, k, v = np.ones(q_shape), np.ones(k_shape), np.ones(v_shape)
+        with self.assertRaisesRegex(ValueError, pattern):
+            dot_product_attention(q, k, v)
+
+
+class MasksTest(chex.TestCase):
+    @parameterized.parameters(1, 2, 5)
+    def test_causal_mask(self, length):
+        mask = causal_mask(length)
+        chex.assert_shape(mask, (length, length))
+        chex.assert_type(mask, jnp.bool_)
+        np.testing.assert_array_equal(mask, np.tril(np.ones((length, length), bool)))
+
+    @parameterized.parameters(0, -3, 2.5, "4", None)
+    def test_causal_mask_bad_length(self, length):
+        with self.assertRaisesRegex(ValueError, "positive int length"):
+            causal_mask(length)
+
+    def test_padding_mask(self):
+        tokens = jnp.array([[4, 9, 0, 0], [3, 3, 3, 0]])
+        mask = padding_mask(tokens)
+        chex.assert_shape(mask, (2, 1, 4))
+        chex.assert_type(mask, jnp.bool_)
+        np.testing.assert_array_equal(mask[:, 0], [[1, 1, 0, 0], [1, 1, 1, 0]])
+        chex.assert_shape(padding_mask(tokens[0]), (1, 4))
+        np.testing.assert_array_equal(padding_mask(tokens, pad_id=3)[1, 0], [0, 0, 0, 1])
+
+    def test_combine_masks(self):
+        assert combine_masks() is None
+        assert combine_masks(None, None) is None
+        pad = padding_mask(jnp.array([[4, 9, 0], [3, 0, 0]]))  # (2, 1, 3)
+        chex.assert_trees_all_equal(combine_masks(None, pad, None), pad)
+        both = combine_masks(pad, None, causal_mask(3))
+        chex.assert_shape(both, (2, 3, 3))
+        chex.assert_type(both, jnp.bool_)
+        np.testing.assert_array_equal(both, np.asarray(pad) & np.tril(np.ones((3, 3), bool)))
+        as_int = combine_masks(jnp.array([[1, 0], [2, 1]]))  # non-zero ints count as True
+        chex.assert_type(as_int, jnp.bool_)
+        np.testing.assert_array_equal(as_int, [[True, False], [True, True]])
+
+
+def _flax_layer_norm(x, scale, bias, eps):
+    module = nn.LayerNorm(epsilon=eps)
+    shapes = jax.eval_shape(module.init, jax.random.key(0), x)["params"]
+    chex.assert_trees_all_equal_shapes(shapes, {"scale": scale, "bias": bias})
+    return jax.jit(module.apply)({"params": {"scale": scale, "bias": bias}}, x)
+
+
+class LayerNormTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(1e-5, 1e-2)
+    def test_matches_flax_layer_norm(self, eps):
+        x = _normal(0, (2, 3, 16)) * 2.0 + 0.5
+        scale, bias = _normal(1, (16,)), _normal(2, (16,))
+        out = self.variant(functools.partial(layer_norm, eps=eps))(x, scale, bias)
+        chex.assert_shape(out, x.shape)
+        np.testing.assert_allclose(out, _flax_layer_norm(x, scale, bias, eps), **TOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(True, False)
+    def test_matches_numpy(self, eps_inside_sqrt):
+        eps = 1e-3
+        x = _normal(3, (4, 10)) * 3.0
+        scale, bias = _normal(4, (10,)), _normal(5, (10,))
+        fn = functools.partial(layer_norm, eps=eps, eps_inside_sqrt=eps_inside_sqrt)
+        out = self.variant(fn)(x, scale, bias)
+        x64 = np.asarray(x, np.float64)
+        centred = x64 - x64.mean(-1, keepdims=True)
+        var = (centred**2).mean(-1, keepdims=True)  # biased
+        denom = np.sqrt(var + eps) if eps_inside_sqrt else np.sqrt(var) + eps
+        expected = centred / denom * np.asarray(scale) + np.asarray(bias)
+        np.testing.assert_allclose(out, expected, **TOL)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_none_scale_and_bias_and_constant_rows(self):
+        x = _normal(6, (3, 8))
+        x[1] = 7.0  # a constant row: zero variance
+        out = self.variant(layer_norm)(x, None, None)
+        ones = self.variant(layer_norm)(x, np.ones(8, np.float32), np.zeros(8, np.float32))
+        chex.assert_trees_all_close(out, ones)
+        chex.assert_tree_all_finite(out)
+        np.testing.assert_array_equal(out[1], 0.0)
+        np.testing.assert_allclose(out[0].mean(), 0.0, atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bf16_in_bf16_out(self):
+        x = (_normal(7, (4, 32)) * 10.0 + 100.0).astype(jnp.bfloat16)
+        scale = jnp.ones((32,), jnp.float32)
+        out = self.variant(layer_norm)(x, scale, None)
+        chex.assert_type(out, jnp.bfloat16)
+        chex.assert_shape(out, (4, 32))
+        # Statistics in float32: the result matches normalising the same values in float32.
+        ref = layer_norm(x.astype(jnp.float32), scale, None)
+        np.testing.assert_allclose(np.asarray(out, np.float32), ref, **BF16_TOL)
+
+
+def _loop_positions(length, dim, base):
+    table = np.zeros((length, dim))
+    for pos in range(length):
+        for i in range(dim // 2):
+            angle = pos / base ** (2 * i / dim)
+            table[pos, 2 * i] = math.sin(angle)
+            table[pos, 2 * i + 1] = math.cos(angle)
+    return table
+
+
+class PositionsTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_matches_loop(self):
+        table = self.variant(functools.partial(sinusoidal_positions, 7, 6))()
+        chex.assert_shape(table, (7, 6))
+        chex.assert_type(table, jnp.float32)
+        np.testing.assert_allclose(table, _loop_positions(7, 6, 10000.0), atol=1e-6)
+
+    @parameterized.parameters((1, 2, 10000.0), (50, 16, 10000.0), (9, 4, 100.0), (3, 8, 2.5))
+    def test_matches_loop_sizes(self, length, dim, base):
+        table = jax.jit(sinusoidal_positions, static_argnums=(0, 1, 2))(length, dim, base)
+        chex.assert_shape(table, (length, dim))
+        # float32 angles up to 49 rad: ~1e-5 absolute error in sin/cos.
+        np.testing.assert_allclose(table, _loop_positions(length, dim, base), atol=2e-5)
+
+    @parameterized.parameters((4, 5), (4, 1), (4, 0), (0, 4))
+    def test_bad_sizes_raise(self, length, dim):
+        with self.assertRaises(ValueError):
+            sinusoidal_positions(length, dim)
+
+    def test_odd_dim_message(self):
+        with self.assertRaisesRegex(ValueError, "even dim.*got 7"):
+            sinusoidal_positions(3, 7)
+        with self.assertRaisesRegex(ValueError, "base > 0"):
+            sinusoidal_positions(3, 4, base=0.0)
+
+
+class FeedForwardTest(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_matches_numpy(self):
+        self._check(self.variant(feed_forward), jax.nn.relu, use_bias=True)
+
+    @parameterized.named_parameters(
+        ("relu_no_bias", jax.nn.relu, False), ("gelu_bias", jax.nn.gelu, True)
+    )
+    def test_matches_numpy_variations(self, activation, use_bias):
+        fn = jax.jit(feed_forward, static_argnames="activation")
+        self._check(functools.partial(fn, activation=activation), activation, use_bias)
+
+    def _check(self, fn, activation, use_bias):
+        x = _normal(0, (2, 3, 8))
+        w1, w2 = _normal(1, (8, 32)) / 3.0, _normal(2, (32, 8)) / 6.0
+        b1, b2 = (_normal(3, (32,)), _normal(4, (8,))) if use_bias else (None, None)
+        out = fn(x, w1, b1, w2, b2)
+        chex.assert_shape(out, (2, 3, 8))
+
+        x64, w1_64, w2_64 = (np.asarray(a, np.float64) for a in (x, w1, w2))
+        h = x64 @ w1_64 + (np.asarray(b1, np.float64) if use_bias else 0.0)
+        if activation is jax.nn.relu:
+            h = np.maximum(h, 0.0)
+        else:
+            # jax.nn.gelu's default tanh approximation (Hendrycks & Gimpel 2016).
+            h = 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
+        expected = h @ w2_64 + (np.asarray(b2, np.float64) if use_bias else 0.0)
+        np.testing.assert_allclose(out, expected, **TOL)
