@@ -57,6 +57,7 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0  # on attention weights
     pad_id: int = 0  # padding token id, masked everywhere
     norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    final_norm: bool | None = None  # LayerNorm after each stack; None = only for pre-norm
     positional: str = "sinusoidal"  # 'sinusoidal' (paper) or 'learned' (GPT-2)
     activation: str = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
     use_bias: bool = True  # biases in projections and feed-forward
@@ -116,6 +117,11 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """Width H of one head: d_model / num_heads."""
         return self.d_model // self.num_heads
+
+    @property
+    def use_final_norm(self) -> bool:
+        """Whether each stack ends with a LayerNorm (torch.nn.Transformer always has one)."""
+        return self.norm_position == "pre" if self.final_norm is None else self.final_norm
 
     @property
     def encoder_layers(self) -> int:
