@@ -115,10 +115,12 @@ def plot_attention_grid(
     for layer in range(layers):
         for head in range(heads):
             ax = axes[layer][head]
+            panel = weights_LNTS[layer, head]
+            # Colour scale per panel: near-uniform heads would otherwise all look flat.
             ax.imshow(
-                weights_LNTS[layer, head],
+                panel,
                 vmin=0.0,
-                vmax=1.0,
+                vmax=max(float(panel.max()), 1e-6),
                 cmap="viridis",
                 aspect="auto",
                 interpolation="nearest",
