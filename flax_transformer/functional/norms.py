@@ -24,8 +24,8 @@ def layer_norm(
 
     The variance is the biased one (divide by D) in both forms. Seed 000's code uses the
     second form with torch's unbiased std (divide by D - 1); that equals ours with `scale`
-    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_seeds.py shows it). Statistics are computed in float32 and
-    the result is cast back to `x.dtype`.
+    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_seeds.py shows it).
+    Statistics are computed in float32 and the result is cast back to `x.dtype`.
 
     Args:
       x: `(..., D)`.
