@@ -4,7 +4,14 @@ Each sublayer sits in a residual branch. Pre-norm (default, seed 000 / GPT-2):
     x = x + Dropout(Sublayer(LayerNorm(x)))
 Post-norm (the 2017 paper, `norm_position='post'`):
     x = LayerNorm(x + Dropout(Sublayer(x)))
-A pre-norm stack ends with one more LayerNorm; a post-norm stack does not need one.
+A pre-norm stack ends with one more LayerNorm; a post-norm stack needs none (config
+`final_norm=True` adds it, as torch.nn.Transformer has).
+
+For generation the decoder stack takes a KV cache in and returns it
+(`decoding.cache.init_decoder_cache` builds an empty one). Its tree mirrors the parameter
+tree: `{'layers_0': ..., ...}` for an unrolled stack, `{'layers': ...}` with a leading
+`(num_layers,)` axis under `nn.scan`; each layer holds `{'self_attention': {'k', 'v'}}` and,
+with cross-attention, `{'cross_attention': {'k', 'v'}}`.
 """
 
 from __future__ import annotations
@@ -97,9 +104,12 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention, then cross-attention over the encoder output (if any), then FFN.
 
-    Call: `(y (B, T, D), encoded (B, S, D) or None, self_mask, cross_mask)` ->
-    `((B, T, D), None)`. With `cross_attention=False` (decoder-only models) `encoded` and
-    `cross_mask` are ignored and the layer has no cross-attention parameters.
+    Call: `(y (B, T, D), encoded (B, S, D) or None, self_mask, cross_mask, cache_index,
+    cache)` -> `((B, T, D), updated cache or None)`. With `cross_attention=False`
+    (decoder-only models) `encoded` and `cross_mask` are ignored and the layer has no
+    cross-attention parameters. Without a cache, `cache_index` and `cache` are None. With
+    one, the self-attention mask is over cache slots `(B, 1, T, L)`, and `encoded` may be
+    None once the cross-attention keys/values are cached.
     """
 
     config: TransformerConfig
@@ -107,30 +117,43 @@ class DecoderLayer(nn.Module):
     cross_attention: bool = True
 
     @nn.compact
-    def __call__(self, y_BTD, encoded_BSD, self_mask, cross_mask):
+    def __call__(self, y_BTD, encoded_BSD, self_mask, cross_mask, cache_index=None, cache=None):
         chex.assert_rank(y_BTD, 3)
         cfg = self.config
         residual = _Residual(cfg, self.deterministic)
+        new_cache = None if cache is None else {}
+
+        def attend(module, name, h, x_kv, mask):
+            if cache is None:
+                return module(h, x_kv, mask=mask, deterministic=self.deterministic)
+            out, new_cache[name] = module(
+                h,
+                x_kv,
+                mask=mask,
+                deterministic=self.deterministic,
+                cache=cache[name],
+                cache_index=cache_index,
+            )
+            return out
+
         self_attn = _attention(cfg, "self_attention")
         y_BTD = residual(
             y_BTD,
             _layer_norm(cfg, "norm_self_attention"),
-            lambda h: self_attn(h, mask=self_mask, deterministic=self.deterministic),
+            lambda h: attend(self_attn, "self_attention", h, None, self_mask),
         )
         if self.cross_attention:
-            if encoded_BSD is None:
+            if encoded_BSD is None and cache is None:
                 raise ValueError("DecoderLayer(cross_attention=True) needs the encoder output.")
             cross_attn = _attention(cfg, "cross_attention", cross=True)
             y_BTD = residual(
                 y_BTD,
                 _layer_norm(cfg, "norm_cross_attention"),
-                lambda h: cross_attn(
-                    h, encoded_BSD, mask=cross_mask, deterministic=self.deterministic
-                ),
+                lambda h: attend(cross_attn, "cross_attention", h, encoded_BSD, cross_mask),
             )
         y_BTD = residual(y_BTD, _layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
         y_BTD = nn.with_logical_constraint(y_BTD, (axes.BATCH, axes.LENGTH, axes.EMBED))
-        return y_BTD, None
+        return y_BTD, new_cache
 
 
 def _stack(
@@ -138,11 +161,16 @@ def _stack(
     config: TransformerConfig,
     num_layers: int,
     num_args: int,
+    *,
+    cached: bool = False,
     **layer_kwargs,
 ) -> Callable:
     """Build the layer stack: `nn.scan` over one stacked layer, or `num_layers` unrolled ones.
 
-    Returns a function `(x, *args) -> x` to call inside a compact module. Scanned params
+    Returns a function `(x, *args, cache=None) -> (x, cache)` to call inside a compact
+    module; the `num_args` args are the same for every layer. If `cached`, each layer
+    also takes its part of `cache` (a tree as in the module docstring, or None) as a last
+    argument and returns it updated; the function reassembles the tree. Scanned params
     live under 'layers' with a leading `(num_layers,)` axis; unrolled ones under
     'layers_0', 'layers_1', ...
     """
@@ -153,22 +181,33 @@ def _stack(
             layer_cls,
             variable_axes={"params": 0, "intermediates": 0, "cache": 0},
             split_rngs={"params": True, "dropout": True},
-            in_axes=(nn.broadcast,) * num_args,
+            # The per-layer cache is scanned over (axis 0 = layer); the returned caches
+            # are stacked back along the same axis.
+            in_axes=(nn.broadcast,) * num_args + ((0,) if cached else ()),
             length=num_layers,
             metadata_params={nn.PARTITION_NAME: axes.LAYERS},
         )(config, name="layers", **layer_kwargs)
 
-        def run_scanned(x, *args):
-            x, _ = scanned(x, *args)
-            return x
+        def run_scanned(x, *args, cache=None):
+            if not cached:
+                return scanned(x, *args)[0], None
+            x, layer_cache = scanned(x, *args, None if cache is None else cache["layers"])
+            return x, None if cache is None else {"layers": layer_cache}
 
         return run_scanned
     layers = [layer_cls(config, name=f"layers_{i}", **layer_kwargs) for i in range(num_layers)]
 
-    def run_unrolled(x, *args):
-        for layer in layers:
-            x, _ = layer(x, *args)
-        return x
+    def run_unrolled(x, *args, cache=None):
+        new_cache = None if cache is None else {}
+        for i, layer in enumerate(layers):
+            if not cached:
+                x, _ = layer(x, *args)
+                continue
+            layer_cache = None if cache is None else cache[f"layers_{i}"]
+            x, layer_cache = layer(x, *args, layer_cache)
+            if cache is not None:
+                new_cache[f"layers_{i}"] = layer_cache
+        return x, new_cache
 
     return run_unrolled
 
@@ -192,8 +231,8 @@ class Encoder(nn.Module):
         cfg = self.config
         x_BSD = _embed_tokens(cfg, self.embed, src_BS, deterministic, None)
         stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 1, deterministic=deterministic)
-        x_BSD = stack(x_BSD, mask)
-        if cfg.norm_position == "pre":
+        x_BSD, _ = stack(x_BSD, mask)
+        if cfg.use_final_norm:
             x_BSD = _layer_norm(cfg, "final_norm")(x_BSD)
         return x_BSD
 
@@ -221,20 +260,29 @@ class Decoder(nn.Module):
         *,
         deterministic: bool = True,
         positions_BT: jax.Array | None = None,
+        cache: dict | None = None,
+        cache_index: jax.Array | None = None,
     ):
-        """Target ids `(B, T)` -> float32 logits `(B, T, V)`."""
+        """Target ids `(B, T)` -> float32 logits `(B, T, V)`.
+
+        With a `cache` (from `decoding.cache.init_decoder_cache`) and `cache_index` `(B,)` (each
+        sequence's tokens so far), the T tokens are written at slots `cache_index + t` and
+        the call returns `(logits, updated cache)`; `positions_BT` should then be those
+        slots and `self_mask` a `(B, 1, T, L)` mask over slots.
+        """
         cfg = self.config
         y_BTD = _embed_tokens(cfg, self.embed, tgt_BT, deterministic, positions_BT)
         stack = _stack(
             DecoderLayer,
             cfg,
             cfg.decoder_layers,
-            3,
+            4,
+            cached=True,
             deterministic=deterministic,
             cross_attention=self.cross_attention,
         )
-        y_BTD = stack(y_BTD, encoded_BSD, self_mask, cross_mask)
-        if cfg.norm_position == "pre":
+        y_BTD, cache = stack(y_BTD, encoded_BSD, self_mask, cross_mask, cache_index, cache=cache)
+        if cfg.use_final_norm:
             y_BTD = _layer_norm(cfg, "final_norm")(y_BTD)
         if cfg.tie_output_embedding:
             logits_BTV = self.embed.attend(y_BTD)
@@ -249,7 +297,8 @@ class Decoder(nn.Module):
                     default_kernel_init, (axes.EMBED, axes.VOCAB)
                 ),
             )(y_BTD)
-        return logits_BTV.astype("float32")
+        logits_BTV = logits_BTV.astype("float32")
+        return logits_BTV if cache is None else (logits_BTV, cache)
 
 
 def _embed_tokens(

@@ -1,4 +1,14 @@
-"""The full models: encoder-decoder `Transformer` and GPT-style `DecoderOnlyTransformer`."""
+"""The full models: encoder-decoder `Transformer` and GPT-style `DecoderOnlyTransformer`.
+
+Both models also run incrementally for generation, over a KV cache that is an explicit
+pytree passed in and returned (as Gemma does; `flax_transformer.decoding.cache` defines it,
+`init_cache` builds it). `extend(tokens (B, T), cache, lengths)` runs T new tokens per
+sequence in one pass (a whole prompt: parallel prefill; or one token: a decoding step),
+writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `lengths[b]`
+(default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
+different lengths share one cache: the padding slots past `lengths[b]` are overwritten by
+the next tokens and never attended to.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.config import TransformerConfig
+from flax_transformer.decoding.cache import cache_length
 from flax_transformer.functional import causal_mask, combine_masks, padding_mask
 from flax_transformer.layers import Embed
 
@@ -46,6 +57,47 @@ def _self_attention_mask(tokens_BT: jax.Array, pad_id: int, causal: bool) -> jax
     """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future)."""
     keys_B11T = padding_mask(tokens_BT, pad_id)[:, None]
     return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None)
+
+
+def _extend_decoder(
+    decoder: Decoder,
+    config: TransformerConfig,
+    vocab_size: int,
+    tokens_BT: jax.Array,
+    cache: dict,
+    lengths_B: jax.Array | None,
+    encoded_BSD: jax.Array | None,
+) -> tuple[jax.Array, dict]:
+    """Run `tokens_BT` through `decoder` over `cache`: the body of both models' `extend`."""
+    check_tokens(tokens_BT, vocab_size, config.max_len, "tokens")
+    batch, length = tokens_BT.shape
+    index_B = cache["index"]
+    chex.assert_shape(index_B, (batch,))
+    slots = cache_length(cache)
+    config.check_length(slots, "cache")
+    positions_BT = index_B[:, None] + jnp.arange(length)[None, :]
+    # Query t of sequence b sees the cache slots up to its own position (causal over slots);
+    # slots past it hold padding or nothing yet.
+    self_mask_B1TL = jnp.arange(slots)[None, None, None, :] <= positions_BT[:, None, :, None]
+    cross_mask = None
+    if "source_mask" in cache:
+        cross_mask = cache["source_mask"][:, None, None, :]  # (B, 1, 1, S)
+    logits_BTV, decoder_cache = decoder(
+        tokens_BT,
+        encoded_BSD,
+        self_mask_B1TL,
+        cross_mask,
+        positions_BT=positions_BT,
+        cache=cache["decoder"],
+        cache_index=index_B,
+    )
+    chex.assert_shape(logits_BTV, (batch, length, vocab_size))
+    advance_B = jnp.full((batch,), length, jnp.int32) if lengths_B is None else lengths_B
+    return logits_BTV, {
+        **cache,
+        "index": index_B + advance_B.astype(jnp.int32),
+        "decoder": decoder_cache,
+    }
 
 
 class Transformer(nn.Module):
@@ -123,6 +175,45 @@ class Transformer(nn.Module):
         encoded = self.encode(src_BS, deterministic=deterministic)
         return self.decode(encoded, src_BS, tgt_BT, deterministic=deterministic)
 
+    def prefill(
+        self,
+        src_BS: jax.Array,
+        tgt_BT: jax.Array,
+        cache: dict,
+        lengths_B: jax.Array | None = None,
+    ) -> tuple[jax.Array, dict]:
+        """Encode the source once and run the decoder prompt `tgt_BT` over an empty cache.
+
+        Fills the cross-attention keys/values of every layer from the encoder output (later
+        `extend` calls reuse them) and the self-attention keys/values of the prompt.
+
+        Args:
+          src_BS: source ids `(B, S)`; padding masked.
+          tgt_BT: decoder prompt `(B, T)`, usually `[[BOS]] * B`; right-padded if the
+            prompts differ in length.
+          cache: from `decoding.init_cache(config, B, L, source_length=S)`.
+          lengths_B: real prompt length per sequence (default T).
+
+        Returns:
+          `(logits (B, T, V) float32, cache)`; row `lengths_B[b] - 1` predicts the next token.
+        """
+        cfg = self.config
+        encoded_BSD = self.encode(src_BS)
+        cache = {**cache, "source_mask": src_BS != cfg.pad_id}
+        vocab = cfg.output_vocab_size
+        return _extend_decoder(self.decoder, cfg, vocab, tgt_BT, cache, lengths_B, encoded_BSD)
+
+    def extend(
+        self, tgt_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+    ) -> tuple[jax.Array, dict]:
+        """Decoder over `tgt_BT` `(B, T)` after a `prefill`: `(logits (B, T, V), cache)`.
+
+        The encoder output is not needed: cross-attention reads its cached keys/values.
+        """
+        cfg = self.config
+        vocab = cfg.output_vocab_size
+        return _extend_decoder(self.decoder, cfg, vocab, tgt_BT, cache, lengths_B, None)
+
 
 class DecoderOnlyTransformer(nn.Module):
     """GPT-style causal language model: a decoder stack without cross-attention.
@@ -151,3 +242,20 @@ class DecoderOnlyTransformer(nn.Module):
         )
         chex.assert_shape(logits, (*tokens_BT.shape, cfg.vocab_size))
         return logits
+
+    def extend(
+        self, tokens_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+    ) -> tuple[jax.Array, dict]:
+        """Run `tokens_BT` `(B, T)` over the cache: a prompt (prefill) or one new token.
+
+        Args:
+          tokens_BT: token ids; prompts of different lengths right-padded.
+          cache: from `decoding.init_cache(config, B, L)` or a previous `extend`.
+          lengths_B: real tokens per row (default T); the cache index advances by this.
+
+        Returns:
+          `(logits (B, T, V) float32, cache)`; logits at row `lengths_B[b] - 1` predict the
+          next token of sequence b.
+        """
+        cfg = self.config
+        return _extend_decoder(self.decoder, cfg, cfg.vocab_size, tokens_BT, cache, lengths_B, None)

@@ -1,0 +1,32 @@
+"""Generation for both models: KV cache, parallel prefill, greedy, sampling, beam search.
+
+cache      the KV cache pytree: `init_cache`, `select_rows`
+sampling   pure logits filters: temperature, `top_k_mask`, `top_p_mask`, `choose_tokens`
+steppers   one step interface over both models, with or without the cache
+search     the jitted loops: `sample_loop` (greedy / sampling), `beam_search`
+generate   the public entry points `generate_translation`, `generate_text`
+"""
+
+from flax_transformer.decoding.cache import init_cache, select_rows
+from flax_transformer.decoding.generate import generate_text, generate_translation
+from flax_transformer.decoding.sampling import (
+    choose_tokens,
+    filter_logits,
+    top_k_mask,
+    top_p_mask,
+)
+from flax_transformer.decoding.search import beam_search, length_penalty, sample_loop
+
+__all__ = [
+    "beam_search",
+    "choose_tokens",
+    "filter_logits",
+    "generate_text",
+    "generate_translation",
+    "init_cache",
+    "length_penalty",
+    "sample_loop",
+    "select_rows",
+    "top_k_mask",
+    "top_p_mask",
+]

@@ -1,0 +1,103 @@
+"""The generation cache: an explicit pytree passed into the models and returned (as Gemma does).
+
+    {'index': int32 (B,)          tokens already in the cache, per sequence,
+     'decoder': {...},             keys/values per decoder layer (`init_decoder_cache`),
+     'source_mask': bool (B, S)}   Transformer only: which encoder positions are real tokens.
+
+`Transformer.prefill` / `.extend` and `DecoderOnlyTransformer.extend` read and return it. A
+sequence's token at slot j sits at position j, and every sequence has its own `index`, so a
+batch of right-padded prompts of different lengths shares one cache. The decoder tree
+mirrors the parameter tree ('layers_0', ... unrolled; 'layers' with a leading layer axis
+under `nn.scan`), so it works for both stacks (`blocks._stack` splits it per layer).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from flax_transformer.config import TransformerConfig
+
+
+def init_decoder_cache(
+    config: TransformerConfig,
+    batch: int,
+    length: int,
+    source_length: int | None = None,
+    dtype=None,
+) -> dict:
+    """An empty (zero) KV cache for the decoder stack of `config`.
+
+    Args:
+      config: the model config (layer count, heads, `scan_layers`).
+      batch: B, sequences decoded together (beams count as sequences).
+      length: L, slots per sequence: the longest prompt plus the tokens to generate.
+      source_length: S of the encoder output for cross-attention; None for decoder-only.
+      dtype: storage dtype of keys/values; default `config.dtype`.
+
+    Returns:
+      The 'decoder' tree of the module docstring, keys/values `(B, N, L, H)` (cross: `(B, N, S,
+      H)`), with a leading `(num_layers,)` axis on every leaf when `config.scan_layers`.
+    """
+    dtype = dtype or config.dtype
+
+    def zeros(slots):
+        # Head-major (B, N, slots, H): see `layers.attention`.
+        shape = (batch, config.num_heads, slots, config.head_dim)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+
+    layer = {"self_attention": zeros(length)}
+    if source_length is not None:
+        layer["cross_attention"] = zeros(source_length)
+    num_layers = config.decoder_layers
+    if config.scan_layers:
+        return {"layers": jax.tree.map(lambda x: jnp.stack([x] * num_layers), layer)}
+    return {f"layers_{i}": layer for i in range(num_layers)}
+
+
+def init_cache(
+    config: TransformerConfig, batch: int, length: int, source_length: int | None = None
+) -> dict:
+    """An empty cache (the tree of the module docstring).
+
+    Args:
+      config: the model config.
+      batch: B, sequences decoded together (beams count as sequences).
+      length: L, cache slots per sequence (longest prompt + tokens to generate); at most
+        `config.max_len`, the positions the model knows.
+      source_length: S, the encoder input length, for `Transformer`; None for
+        `DecoderOnlyTransformer`.
+    """
+    config.check_length(length, "cache")
+    cache = {
+        "index": jnp.zeros((batch,), jnp.int32),
+        "decoder": init_decoder_cache(config, batch, length, source_length),
+    }
+    if source_length is not None:
+        cache["source_mask"] = jnp.ones((batch, source_length), jnp.bool_)
+    return cache
+
+
+def _scanned(cache: dict) -> bool:
+    """Whether the decoder cache comes from an `nn.scan` stack (leading layer axis)."""
+    return "layers" in cache["decoder"]
+
+
+def cache_length(cache: dict) -> int:
+    """L, the number of self-attention slots per sequence."""
+    first_layer = next(iter(cache["decoder"].values()))
+    # Keys are (B, N, L, H), after a leading layer axis under nn.scan.
+    return first_layer["self_attention"]["k"].shape[-2]
+
+
+def select_rows(cache: dict, rows_R: jax.Array) -> dict:
+    """The cache of sequences `rows_R` `(R,)` (a gather on the batch axis of every leaf).
+
+    Beam search uses it to copy each surviving beam's cache to its new slot.
+    """
+    decoder_axis = 1 if _scanned(cache) else 0
+    out = {k: jnp.take(v, rows_R, axis=0) for k, v in cache.items() if k != "decoder"}
+    out["decoder"] = jax.tree.map(
+        lambda x: jnp.take(x, rows_R, axis=decoder_axis), cache["decoder"]
+    )
+    return out

@@ -1,0 +1,296 @@
+"""Public generation functions: `generate_translation` and `generate_text`.
+
+Both validate their inputs (ValueError before any compute), then run one jitted program:
+prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache, compiled once
+per input shape and decoding option. `use_cache=False` runs the same loop with the full
+model recomputed over the whole sequence at every step: the reference the cache is tested
+against.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from flax_transformer.decoding import search
+from flax_transformer.decoding.sampling import choose_tokens
+from flax_transformer.decoding.steppers import text_stepper, translation_stepper
+from flax_transformer.decoding.validation import (
+    check_options,
+    check_prompt_lengths,
+    check_tokens,
+    is_int,
+    unbox_params,
+)
+
+
+def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, rng):
+    """`(logits, step) -> tokens`: argmax, or a sample with the key `fold_in(rng, step)`."""
+    if not sample:
+        return lambda logits_BV, _: choose_tokens(logits_BV, None)
+
+    def choose(logits_BV, step):
+        return choose_tokens(
+            logits_BV,
+            jax.random.fold_in(rng, step),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p if filter_top_p else None,
+        )
+
+    return choose
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "model",
+        "kind",
+        "max_new_tokens",
+        "beam_size",
+        "sample",
+        "top_k",
+        "filter_top_p",
+        "use_cache",
+        "return_logits",
+    ),
+)
+def _generate(
+    model,
+    params,
+    tokens_BP,
+    lengths_B,
+    bos_id,
+    eos_id,
+    rng,
+    temperature,
+    top_p,
+    length_penalty,
+    *,
+    kind,
+    max_new_tokens,
+    beam_size,
+    sample,
+    top_k,
+    filter_top_p,
+    use_cache,
+    return_logits,
+):
+    """The whole generation, traced once per input shape and static option.
+
+    Token ids, temperature, top_p and the length penalty are traced values: changing them
+    reuses the compiled program. `eos_id` is None or an int32 scalar.
+    """
+    if kind == "translation":
+        stepper = translation_stepper(model, params, tokens_BP, bos_id, max_new_tokens, use_cache)
+    else:
+        stepper = text_stepper(model, params, tokens_BP, lengths_B, max_new_tokens, use_cache)
+    pad_id = model.config.pad_id
+    if beam_size > 1:
+        return search.beam_search(
+            stepper,
+            beam_size=beam_size,
+            max_new_tokens=max_new_tokens,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            alpha=length_penalty,
+        )
+    choose = _chooser(sample, top_k, filter_top_p, temperature, top_p, rng)
+    return search.sample_loop(
+        stepper,
+        choose,
+        max_new_tokens=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        return_logits=return_logits,
+    )
+
+
+def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_logits: bool):
+    """Call the jitted program with options split into traced values and static ones."""
+    if return_logits and options["beam_size"] > 1:
+        raise ValueError("return_logits=True is for beam_size=1 (one sequence per prompt).")
+    temperature, top_p = float(options["temperature"]), float(options["top_p"])
+    sample = temperature > 0
+    eos_id = options["eos_id"]
+    return _generate(
+        model,
+        params,
+        tokens,
+        lengths,
+        None if bos_id is None else jnp.int32(bos_id),
+        None if eos_id is None else jnp.int32(eos_id),
+        options["rng"] if sample else None,
+        jnp.float32(temperature if sample else 1.0),
+        jnp.float32(top_p),
+        jnp.float32(options["length_penalty"]),
+        kind=kind,
+        max_new_tokens=options["max_new_tokens"],
+        beam_size=options["beam_size"],
+        sample=sample,
+        top_k=options["top_k"] if sample else 0,
+        filter_top_p=sample and top_p < 1.0,
+        use_cache=options["use_cache"],
+        return_logits=return_logits,
+    )
+
+
+def generate_translation(
+    model,
+    params,
+    src_tokens,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_new_tokens: int,
+    beam_size: int = 1,
+    length_penalty: float = 0.6,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng: jax.Array | None = None,
+    use_cache: bool = True,
+    return_logits: bool = False,
+):
+    """Translate a batch of source sentences with an encoder-decoder `Transformer`.
+
+    The encoder runs once; the decoder starts from BOS and emits one token per step over the
+    KV cache (cross-attention keys/values cached too) until every sentence has produced EOS
+    or `max_new_tokens` tokens.
+
+    Args:
+      model: a `Transformer`.
+      params: its variables (`model.init(...)` or a checkpoint), boxed or unboxed.
+      src_tokens: int source ids `(B, S)`, right-padded with `config.pad_id`.
+      bos_id: the decoder's start token.
+      eos_id: the end token; each sentence stops after it.
+      max_new_tokens: N, the most tokens generated; `1 + N <= config.max_len`.
+      beam_size: 1 for greedy decoding or sampling; K > 1 for beam search (which with one
+        beam is exactly greedy decoding, so 1 runs the cheaper greedy loop).
+      length_penalty: beam search's GNMT exponent alpha (0: raw log-probability).
+      temperature: 0.0 for greedy; > 0 samples from softmax(logits / temperature).
+      top_k: when sampling, keep only the k most likely tokens (0: all).
+      top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
+      rng: PRNG key, required when sampling.
+      use_cache: False recomputes the full model every step (slow; the reference).
+      return_logits: also return each step's logits `(B, N, V)` (beam_size=1 only).
+
+    Returns:
+      int32 `(B, N)`: the generated tokens after BOS, EOS included where produced, then
+      `config.pad_id`. With `return_logits`, the pair `(tokens, logits (B, N, V) float32)`,
+      row i holding the logits that chose token i.
+
+    Example:
+      tokens = generate_translation(model, params, src, bos_id=1, eos_id=2,
+                                    max_new_tokens=64, beam_size=4, length_penalty=0.6)
+    """
+    fn = "generate_translation"
+    if not hasattr(model, "encode") or not hasattr(model, "config"):
+        raise ValueError(
+            f"{fn} needs an encoder-decoder Transformer, got {type(model).__name__}; use "
+            "generate_text for a DecoderOnlyTransformer."
+        )
+    cfg = model.config
+    params = unbox_params(params, ("encoder", "decoder"), fn)
+    src = check_tokens(fn, "src_tokens", src_tokens, cfg.vocab_size)
+    cfg.check_length(src.shape[1], "src_tokens")
+    options = dict(
+        eos_id=eos_id,
+        max_new_tokens=max_new_tokens,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        rng=rng,
+    )
+    check_options(fn, cfg, **options)
+    if eos_id is None:
+        raise ValueError(f"{fn}: eos_id is required (the token that ends a translation).")
+    if not is_int(bos_id) or not 0 <= bos_id < cfg.output_vocab_size:
+        raise ValueError(
+            f"{fn}: bos_id={bos_id!r} must be a token id in [0, {cfg.output_vocab_size})."
+        )
+    if 1 + max_new_tokens > cfg.max_len:
+        raise ValueError(
+            f"{fn}: BOS + max_new_tokens={max_new_tokens} tokens exceed TransformerConfig."
+            f"max_len={cfg.max_len}; lower max_new_tokens to at most {cfg.max_len - 1}."
+        )
+    options["use_cache"] = use_cache
+    return _run(model, params, src, None, "translation", bos_id, options, return_logits)
+
+
+def generate_text(
+    model,
+    params,
+    prompt_tokens,
+    prompt_lengths=None,
+    *,
+    eos_id: int | None,
+    max_new_tokens: int,
+    beam_size: int = 1,
+    length_penalty: float = 0.6,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    rng: jax.Array | None = None,
+    use_cache: bool = True,
+    return_logits: bool = False,
+):
+    """Continue a batch of prompts with a `DecoderOnlyTransformer`.
+
+    The prompts run through the model in one pass (parallel prefill) that fills the KV cache;
+    then one token per step, each sequence at its own position, until every sequence has
+    produced EOS or `max_new_tokens` tokens.
+
+    Args:
+      model: a `DecoderOnlyTransformer`.
+      params: its variables, boxed or unboxed.
+      prompt_tokens: int ids `(B, P)`, right-padded with `config.pad_id`.
+      prompt_lengths: int `(B,)`, each prompt's real length in [1, P] (None: all P). Real
+        tokens must not be `pad_id`, which the model masks.
+      eos_id: stop a sequence after this token; None runs every sequence N tokens.
+      max_new_tokens: N; `P + N <= config.max_len`.
+      beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache, return_logits:
+        as in `generate_translation`.
+
+    Returns:
+      int32 `(B, N)`: the continuation tokens, EOS included where produced, then pad; with
+      `return_logits`, also the logits `(B, N, V)`, as in `generate_translation`.
+
+    Example:
+      tokens = generate_text(model, params, prompts, lengths, eos_id=2, max_new_tokens=100,
+                             temperature=0.8, top_p=0.95, rng=jax.random.key(0))
+    """
+    fn = "generate_text"
+    if hasattr(model, "encode") or not hasattr(model, "config"):
+        raise ValueError(
+            f"{fn} needs a DecoderOnlyTransformer, got {type(model).__name__}; use "
+            "generate_translation for an encoder-decoder Transformer."
+        )
+    cfg = model.config
+    params = unbox_params(params, ("decoder",), fn)
+    prompt = check_tokens(fn, "prompt_tokens", prompt_tokens, cfg.vocab_size)
+    prompt_len = prompt.shape[1]
+    lengths = check_prompt_lengths(fn, prompt, prompt_lengths, cfg.pad_id)
+    options = dict(
+        eos_id=eos_id,
+        max_new_tokens=max_new_tokens,
+        beam_size=beam_size,
+        length_penalty=length_penalty,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        rng=rng,
+    )
+    check_options(fn, cfg, **options)
+    if prompt_len + max_new_tokens > cfg.max_len:
+        raise ValueError(
+            f"{fn}: prompt length P={prompt_len} + max_new_tokens={max_new_tokens} exceeds "
+            f"TransformerConfig.max_len={cfg.max_len}; shorten the prompt or lower "
+            "max_new_tokens."
+        )
+    options["use_cache"] = use_cache
+    return _run(model, params, prompt, lengths, "text", None, options, return_logits)

@@ -1,0 +1,134 @@
+"""Input checks of the generation functions: a ValueError naming the fix, before any compute."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def unbox_params(params: Any, required: tuple[str, ...], fn: str) -> dict:
+    """`{'params': ...}` with plain arrays, from boxed or unboxed variables or a bare tree."""
+    if not isinstance(params, Mapping):
+        raise ValueError(
+            f"{fn} needs params as returned by model.init (a dict with 'params'), got "
+            f"{type(params).__name__}."
+        )
+    params = nn.unbox(params)
+    if "params" not in params and all(name in params for name in required):
+        params = {"params": params}
+    tree = params.get("params")
+    missing = [name for name in required if not isinstance(tree, Mapping) or name not in tree]
+    if missing:
+        have = sorted(tree) if isinstance(tree, Mapping) else sorted(params)
+        raise ValueError(
+            f"{fn}: params lack {missing} (found {have}); pass the variables from model.init "
+            "or a checkpoint of this model."
+        )
+    return dict(params)
+
+
+def check_options(
+    fn: str,
+    config,
+    *,
+    eos_id,
+    max_new_tokens,
+    beam_size,
+    length_penalty,
+    temperature,
+    top_k,
+    top_p,
+    rng,
+) -> None:
+    vocab = config.output_vocab_size
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"{fn}: max_new_tokens={max_new_tokens!r} must be an int >= 1.")
+    if eos_id is not None and (not is_int(eos_id) or not 0 <= eos_id < vocab):
+        raise ValueError(f"{fn}: eos_id={eos_id!r} must be a token id in [0, {vocab}).")
+    if eos_id is not None and eos_id == config.pad_id:
+        raise ValueError(f"{fn}: eos_id={eos_id} equals pad_id; EOS must be a real token.")
+    if not is_int(beam_size) or beam_size < 1:
+        raise ValueError(f"{fn}: beam_size={beam_size!r} must be an int >= 1.")
+    if not length_penalty >= 0:
+        raise ValueError(f"{fn}: length_penalty={length_penalty!r} must be >= 0 (0: none).")
+    if not temperature >= 0:
+        raise ValueError(f"{fn}: temperature={temperature!r} must be >= 0 (0: greedy).")
+    if not is_int(top_k) or not 0 <= top_k <= vocab:
+        raise ValueError(f"{fn}: top_k={top_k!r} must be an int in [0, {vocab}] (0: off).")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"{fn}: top_p={top_p!r} must be in (0, 1] (1: off).")
+    sampling = temperature > 0
+    if beam_size > 1 and (sampling or top_k or top_p < 1.0):
+        raise ValueError(
+            f"{fn}: beam search (beam_size={beam_size}) is deterministic; it takes no "
+            f"temperature/top_k/top_p (got {temperature}, {top_k}, {top_p}). Use beam_size=1 "
+            "to sample."
+        )
+    if sampling and rng is None:
+        raise ValueError(
+            f"{fn}: temperature={temperature} samples and needs a PRNG key: pass "
+            "rng=jax.random.key(0), or temperature=0.0 for greedy decoding."
+        )
+
+
+def check_tokens(fn: str, name: str, tokens: Any, vocab: int) -> jax.Array:
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(
+            f"{fn}: {name} must be int token ids (B, T), got {tokens.shape=}, {tokens.dtype=}."
+        )
+    if 0 in tokens.shape:
+        raise ValueError(f"{fn}: {name} is empty, {tokens.shape=}.")
+    if _concrete(tokens):
+        values = np.asarray(tokens)
+        bad = np.argwhere((values < 0) | (values >= vocab))
+        if bad.size:
+            where = tuple(int(i) for i in bad[0])
+            raise ValueError(
+                f"{fn}: {name} holds token id {values[where]} at {where}, outside the "
+                f"vocabulary [0, {vocab})."
+            )
+    return tokens.astype(jnp.int32)
+
+
+def check_prompt_lengths(fn: str, prompt: jax.Array, prompt_lengths: Any, pad_id: int) -> jax.Array:
+    """int32 `(B,)` lengths in [1, P], with no `pad_id` inside any prompt (None: all P)."""
+    batch, prompt_len = prompt.shape
+    if prompt_lengths is None:
+        prompt_lengths = np.full((batch,), prompt_len)
+    lengths = jnp.asarray(prompt_lengths)
+    if lengths.shape != (batch,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise ValueError(
+            f"{fn}: prompt_lengths must be ints of shape (B,)=({batch},), got "
+            f"{lengths.shape=}, {lengths.dtype=}."
+        )
+    if _concrete(lengths):
+        values = np.asarray(lengths)
+        if values.min() < 1 or values.max() > prompt_len:
+            raise ValueError(
+                f"{fn}: prompt_lengths={values.tolist()} must lie in [1, P={prompt_len}]; "
+                "every prompt needs at least one token."
+            )
+        if _concrete(prompt):
+            real = np.arange(prompt_len)[None, :] < values[:, None]
+            pads = np.argwhere(real & (np.asarray(prompt) == pad_id))
+            if pads.size:
+                raise ValueError(
+                    f"{fn}: prompt_tokens holds pad_id={pad_id} at {tuple(pads[0].tolist())}, "
+                    "inside its prompt_length; the model masks padding, so real tokens must "
+                    "differ from it."
+                )
+    return lengths.astype(jnp.int32)
