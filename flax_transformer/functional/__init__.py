@@ -12,6 +12,7 @@ from flax_transformer.functional.attention import (
     simple_self_attention,
 )
 from flax_transformer.functional.feed_forward import feed_forward
+from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
     causal_mask,
     combine_masks,
@@ -27,6 +28,7 @@ __all__ = [
     "combine_masks",
     "dot_product_attention",
     "feed_forward",
+    "label_smoothed_cross_entropy",
     "layer_norm",
     "multi_head_attention",
     "padding_mask",
