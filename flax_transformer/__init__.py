@@ -2,6 +2,8 @@
 
 Layers of the package (imports point down only):
   models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
+  decoding    KV-cache generation: generate_translation, generate_text (greedy, sampling, beam)
+  interop     weight import from torch.nn.Transformer and Hugging Face GPT-2 (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, layer norm, positions, feed-forward
@@ -14,16 +16,25 @@ Dimension key used in names (`x_BTD`) and einsum strings:
 
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
 from flax_transformer.config import TransformerConfig
+from flax_transformer.decoding import generate_text, generate_translation
 from flax_transformer.functional import (
     causal_mask,
     combine_masks,
     dot_product_attention,
     feed_forward,
+    label_smoothed_cross_entropy,
     layer_norm,
     multi_head_attention,
     padding_mask,
     simple_self_attention,
     sinusoidal_positions,
+)
+from flax_transformer.interop import (
+    config_from_torch,
+    decoder_only_params_from_torch_encoder,
+    gpt2_config,
+    load_gpt2,
+    transformer_params_from_torch,
 )
 from flax_transformer.layers import (
     Embed,
@@ -52,11 +63,20 @@ __all__ = [
     "causal_mask",
     "check_tokens",
     "combine_masks",
+    "config_from_torch",
+    "decoder_only_params_from_torch_encoder",
     "dot_product_attention",
     "feed_forward",
+    "generate_text",
+    "generate_translation",
+    "gpt2_config",
+    "label_smoothed_cross_entropy",
     "layer_norm",
+    "load_gpt2",
     "multi_head_attention",
     "padding_mask",
     "simple_self_attention",
     "sinusoidal_positions",
+    "transformer_params_from_torch",
 ]
+

@@ -1,0 +1,21 @@
+"""Weight importers from torch models (torch and transformers are never imported here).
+
+torch_transformer  `torch.nn.Transformer` -> `Transformer`; causal `nn.TransformerEncoder`
+                   -> `DecoderOnlyTransformer`; `config_from_torch` builds the config
+gpt2               Hugging Face GPT-2 (model object or local directory) -> `DecoderOnlyTransformer`
+"""
+
+from flax_transformer.interop.gpt2 import gpt2_config, load_gpt2
+from flax_transformer.interop.torch_transformer import (
+    config_from_torch,
+    decoder_only_params_from_torch_encoder,
+    transformer_params_from_torch,
+)
+
+__all__ = [
+    "config_from_torch",
+    "decoder_only_params_from_torch_encoder",
+    "gpt2_config",
+    "load_gpt2",
+    "transformer_params_from_torch",
+]

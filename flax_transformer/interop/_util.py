@@ -1,0 +1,91 @@
+"""Shared helpers of the weight importers: tensors to arrays, layer stacking, tree checks.
+
+No torch import: a torch tensor is recognised by its `detach` method and converted through
+numpy, so these helpers run (and are testable) without torch installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import traverse_util
+
+from flax_transformer.config import TransformerConfig
+
+
+def to_numpy(x: Any, name: str = "tensor") -> np.ndarray:
+    """A torch tensor, `nn.Parameter`, module with `.weight` or array -> float32 numpy array.
+
+    torch tensors are upcast to float32 first (numpy has no bfloat16), then copied.
+    """
+    if x is None:
+        raise ValueError(f"{name} is None: the source model lacks a weight the config expects.")
+    if hasattr(x, "weight") and not hasattr(x, "detach"):  # an nn.Embedding / nn.Linear
+        x = x.weight
+    if hasattr(x, "detach"):  # a torch tensor
+        x = x.detach().to(device="cpu").float().numpy()
+    return np.asarray(x, dtype=np.float32)
+
+
+def check_shape(x: np.ndarray, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Raise ValueError unless `x.shape == shape`; return `x`."""
+    if x.shape != tuple(shape):
+        raise ValueError(f"{name} has shape {x.shape}, expected {tuple(shape)} from the config.")
+    return x
+
+
+def layer_norm_params(norm: Any, width: int, use_bias: bool, name: str) -> dict:
+    """An `nn.LayerNorm`-like module (`.weight`, `.bias`) -> our `{'scale', 'bias'}`."""
+    tree = {"scale": check_shape(to_numpy(norm.weight, f"{name}.weight"), (width,), name)}
+    if use_bias:
+        tree["bias"] = check_shape(to_numpy(norm.bias, f"{name}.bias"), (width,), name)
+    elif getattr(norm, "bias", None) is not None:
+        raise ValueError(f"{name} has a bias but the config has use_bias=False.")
+    return tree
+
+
+def stack_layers(layers: list[dict], config: TransformerConfig) -> dict:
+    """Per-layer trees -> `{'layers_0': ..., ...}`, or `{'layers': ...}` stacked on axis 0
+    when `config.scan_layers` (the layout `nn.scan` gives its parameters)."""
+    if config.scan_layers:
+        return {"layers": jax.tree.map(lambda *xs: np.stack(xs), *layers)}
+    return {f"layers_{i}": layer for i, layer in enumerate(layers)}
+
+
+def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *args) -> dict:
+    """Check `params` against the tree `model.init(*args)` would build, then cast them.
+
+    Every path and shape must match, so a config that disagrees with the source model
+    (head count, layer count, final norm, biases) fails here with the paths named, rather
+    than silently in the logits.
+
+    Returns:
+      `{'params': ...}` of jnp arrays in `config.param_dtype`, ready for `model.apply`.
+    """
+    expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), *args)))
+    want = traverse_util.flatten_dict(expected["params"], sep="/")
+    have = traverse_util.flatten_dict(params, sep="/")
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise ValueError(
+            f"imported parameters do not fit {type(model).__name__}(config): missing {missing}, "
+            f"unexpected {extra}. Check the config (final_norm, use_bias, tie_output_embedding, "
+            "positional, layer counts) against the source model."
+        )
+    for path, struct in want.items():
+        if have[path].shape != struct.shape:
+            raise ValueError(
+                f"imported parameter {path} has shape {have[path].shape}, the model expects "
+                f"{struct.shape}; check d_model, num_heads, d_ff, vocab_size and max_len."
+            )
+    cast = {k: jnp.asarray(v, dtype=config.param_dtype) for k, v in have.items()}
+    return {"params": traverse_util.unflatten_dict(cast, sep="/")}
+
+
+def dummy_tokens() -> jax.Array:
+    """A `(1, 1)` token batch to trace `model.init` with."""
+    return jnp.zeros((1, 1), jnp.int32)
