@@ -79,4 +79,3 @@ __all__ = [
     "sinusoidal_positions",
     "transformer_params_from_torch",
 ]
-
