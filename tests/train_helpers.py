@@ -1,0 +1,68 @@
+"""Tiny corpora and configs for the training-program tests (no corpus package needed)."""
+
+import pathlib
+import random
+
+import ml_collections
+
+from configs import default
+
+# A learnable toy translation: the source words reversed and upper-cased.
+WORDS = ("ab", "cd", "ef", "gh", "ij", "kl", "mn", "op")
+NUM_PAIRS = 300
+MAX_WORDS = 4
+
+
+def write_tiny_tsv(directory: pathlib.Path, num_pairs: int = NUM_PAIRS) -> pathlib.Path:
+    """A parallel TSV of `num_pairs` toy pairs, deterministic."""
+    rng = random.Random(0)
+    lines = []
+    for _ in range(num_pairs):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(1, MAX_WORDS))]
+        lines.append(" ".join(words) + "\t" + " ".join(w.upper() for w in reversed(words)))
+    path = directory / "pairs.tsv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def write_tiny_text(directory: pathlib.Path, num_lines: int = 200) -> pathlib.Path:
+    """A plain-text corpus of toy lines for the language model."""
+    rng = random.Random(1)
+    lines = [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6))) for _ in range(num_lines)
+    ]
+    path = directory / "lines.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
+    """The default config shrunk to seconds: byte tokenizer, one bucket, a 1-layer model."""
+    config = default.get_config()
+    config.corpus = "tsv"
+    config.corpus_path = str(corpus_path)
+    config.tokenizer = "byte"
+    config.valid_fraction = 0.1
+    config.test_fraction = 0.0
+    config.max_len = 16
+    config.bucket_lengths = (16,)
+    config.batch_size = 16
+    config.tokens_per_batch = 0
+    config.model.update(d_model=32, num_heads=2, d_ff=64, num_layers=1)
+    config.learning_rate = 3e-3
+    config.warmup_steps = 5
+    config.num_train_steps = 8
+    config.log_every_steps = 2
+    config.eval_every_steps = 4
+    config.checkpoint_every_steps = 4
+    config.bleu_examples = 4
+    config.decode_batch_size = 4
+    config.max_decode_len = 12
+    config.num_samples = 2
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return config

@@ -1,0 +1,109 @@
+"""Orbax checkpoints of a run: the train state plus a JSON item with the data-stream position.
+
+Layout: `workdir/checkpoints/<step>/{state, progress}`. 'state' is the TrainState pytree
+(step, params, optimizer state, dropout PRNG key); 'progress' is JSON with the data stream's
+`state_dict()` (epoch and position), so a resumed run sees exactly the batches an
+uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+CHECKPOINT_DIR = "checkpoints"
+_STATE, _PROGRESS = "state", "progress"
+
+
+def checkpoint_dir(workdir: str | os.PathLike) -> pathlib.Path:
+    """Where a run's checkpoints live: `workdir/checkpoints`."""
+    return pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+
+
+class Checkpointer:
+    """Saves every N steps (keeping the last K) and restores the latest, via orbax."""
+
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 2, read_only: bool = False):
+        """Opens (or creates) `workdir/checkpoints`.
+
+        Args:
+            workdir: the run directory.
+            keep: the number of most recent checkpoints kept.
+            read_only: True to only restore (translate / sample programs).
+        """
+        self.directory = checkpoint_dir(workdir)
+        if read_only and not self.directory.is_dir():
+            raise FileNotFoundError(
+                f"No checkpoints in {self.directory}; train first with "
+                f"`python -m train.main --workdir {pathlib.Path(workdir)}`."
+            )
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            create=not read_only,
+            read_only=read_only,
+            # Synchronous saves: a step's checkpoint is complete when save() returns, so
+            # a run killed right after still resumes from it.
+            enable_async_checkpointing=False,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=(_STATE, _PROGRESS)
+        )
+
+    def latest_step(self) -> int | None:
+        """The newest saved step, or None."""
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: Any, progress: dict[str, Any]) -> None:
+        """Saves the state and the JSON-serialisable progress dict as checkpoint `step`."""
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{_STATE: ocp.args.StandardSave(state), _PROGRESS: ocp.args.JsonSave(progress)}
+            ),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+
+    def restore(self, target_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
+        """Restores a checkpoint into the structure, shapes and placement of `target_state`.
+
+        Args:
+            target_state: a state like the saved one (e.g. freshly initialised), whose
+                arrays' shardings the restored arrays take.
+            step: which checkpoint; None for the latest.
+
+        Returns:
+            (state, progress dict).
+
+        Raises:
+            FileNotFoundError: there is no checkpoint.
+            ValueError: the checkpoint does not match this model or is corrupt.
+        """
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"No checkpoint in {self.directory}; train first.")
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        _STATE: ocp.args.StandardRestore(target_state),
+                        _PROGRESS: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
+        except Exception as err:  # orbax raises many types for shape/structure/IO errors
+            raise ValueError(
+                f"Checkpoint {self.directory / str(step)} cannot be restored into this model "
+                f"({type(err).__name__}: {err}). It is corrupt or from a different config; "
+                "delete it or use a fresh --workdir."
+            ) from err
+        return restored[_STATE], restored[_PROGRESS]
+
+    def close(self) -> None:
+        """Waits for pending writes and releases the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()

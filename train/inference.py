@@ -1,0 +1,86 @@
+"""Load a trained run for inference: its config, tokenizer, model and latest parameters."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+from flax import linen as nn
+
+from train import config_lib, input_pipeline, steps
+from train.checkpoint import checkpoint_dir
+from train.tokenizer import Tokenizer
+from train.train_lib import CONFIG_FILE
+
+
+class TrainedModel(NamedTuple):
+    """A trained run, ready for `train.evaluate.translate` / `sample_text`."""
+
+    config: ml_collections.ConfigDict
+    tokenizer: Tokenizer
+    model: nn.Module
+    params: Any
+    step: int
+
+
+def load_trained(workdir: str | os.PathLike) -> TrainedModel:
+    """Reads `workdir/config.json`, the tokenizer and the latest checkpoint's parameters.
+
+    Args:
+        workdir: a run directory written by `train.main`.
+
+    Returns:
+        The TrainedModel.
+
+    Raises:
+        FileNotFoundError: no config, tokenizer or checkpoint in `workdir`.
+        ValueError: the checkpoint does not fit the saved config.
+    """
+    workdir = pathlib.Path(workdir)
+    config_path = workdir / CONFIG_FILE
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"{config_path} not found: {workdir} is not a training run directory; train with "
+            f"`python -m train.main --workdir {workdir}` first."
+        )
+    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    tokenizer = input_pipeline.make_tokenizer(config, workdir)
+    model = steps.make_model(config.task, config_lib.model_config(config, tokenizer.vocab_size))
+    directory = checkpoint_dir(workdir)
+    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
+    manager = ocp.CheckpointManager(directory, options=options)
+    step = manager.latest_step() if directory.is_dir() else None
+    if step is None:
+        raise FileNotFoundError(
+            f"No checkpoint in {directory}; train with `python -m train.main --workdir "
+            f"{workdir}` first."
+        )
+    # Only the parameters are read, into the shapes of a freshly initialised model.
+    init_inputs = steps.init_inputs(config.task)
+    target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    try:
+        restored = manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(
+                    item={"params": target},
+                    restore_args={"params": ocp.checkpoint_utils.construct_restore_args(target)},
+                    partial_restore=True,
+                )
+            ),
+        )
+    except Exception as err:  # orbax raises many types for shape/structure/IO errors
+        raise ValueError(
+            f"Checkpoint {directory / str(step)} does not fit the model of {config_path} "
+            f"({type(err).__name__}: {err}); it is corrupt or from another config."
+        ) from err
+    finally:
+        manager.close()
+    params = jax.device_put(restored["state"]["params"])  # on device once, not per call
+    return TrainedModel(config, tokenizer, model, params, step)

@@ -1,0 +1,199 @@
+"""From an experiment config to token batches: corpus, split, tokenizer, batch stream.
+
+The corpora, splits, tokenizers and batching live in `train.data` / `train.tokenizer`; this
+module only wires them together as the config says, so that `train_lib` sees one object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import pathlib
+from collections.abc import Callable, Sequence
+
+import ml_collections
+import numpy as np
+
+from train import data
+from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Everything the training loop needs from the data.
+
+    Attributes:
+        task: 'translation' or 'lm'.
+        tokenizer: encodes and decodes text; its special ids are the batching's.
+        build_epoch: rng -> one epoch of training batches (for `data.EpochStream`).
+        eval_batches: validation batches in a fixed order (at most num_eval_batches).
+        valid_examples: validation texts: (source, target) pairs or lines.
+        chars_per_token: validation characters per target token (EOS counted as one
+            character, the line break), to turn nats per token into bits per character.
+        sizes: example counts: train/valid/test and how many were dropped as too long.
+    """
+
+    task: str
+    tokenizer: Tokenizer
+    build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]]
+    eval_batches: list[dict[str, np.ndarray]]
+    valid_examples: list
+    chars_per_token: float
+    sizes: dict[str, int]
+
+
+def load_examples(config: ml_collections.ConfigDict) -> list:
+    """The whole corpus the config names: (source, target) pairs or text lines.
+
+    Raises:
+        CorpusNotFoundError: a corpus package is not installed.
+        FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
+    """
+    if config.corpus == "bible":
+        return data.load_bible_parallel(config.direction)
+    if config.corpus == "kjv":
+        return data.load_kjv_lines()
+    if config.corpus == "tsv":
+        return data.read_parallel_tsv(config.corpus_path)
+    return data.read_text_lines(config.corpus_path)
+
+
+def _texts(examples: Sequence) -> list[str]:
+    """All sentences of the examples: both sides of pairs, or the lines."""
+    if examples and isinstance(examples[0], tuple):
+        return list(itertools.chain.from_iterable(examples))
+    return list(examples)
+
+
+def make_tokenizer(
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    train_examples: Sequence | None = None,
+) -> Tokenizer:
+    """The config's tokenizer; SentencePiece is trained on the train split on first use and
+    cached as `workdir/spm_<vocab_size>.model`.
+
+    Args:
+        config: the experiment config (tokenizer, vocab_size).
+        workdir: where the SentencePiece model is cached.
+        train_examples: the training split, needed only when the model must be trained.
+
+    Raises:
+        FileNotFoundError: SentencePiece model missing and no training text given.
+    """
+    if config.tokenizer == "byte":
+        return ByteTokenizer()
+    model_path = pathlib.Path(workdir) / f"spm_{config.vocab_size}.model"
+    if train_examples is None:
+        return SentencePieceTokenizer(model_path)
+    if not model_path.exists():
+        logging.info("Training SentencePiece (vocab %d) on the train split...", config.vocab_size)
+    return SentencePieceTokenizer.train_or_load(_texts(train_examples), workdir, config.vocab_size)
+
+
+def _encode(tokenizer: Tokenizer, examples: Sequence) -> list:
+    if examples and isinstance(examples[0], tuple):
+        return [(tokenizer.encode(src), tokenizer.encode(tgt)) for src, tgt in examples]
+    return [tokenizer.encode(line) for line in examples]
+
+
+def _flat(examples: Sequence) -> np.ndarray:
+    """All token ids of tokenized examples (pairs or single sequences) as one int array."""
+    sequences = _texts(examples) if examples and isinstance(examples[0], tuple) else examples
+    return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64)
+
+
+def _batches(config, task, examples, rng, num_devices, drop_remainder=False):
+    """Batches of tokenized examples as the config says (bucketed, or packed for the LM)."""
+    if config.packed:
+        return data.packed_lm_batches(
+            examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng
+        )
+    buckets = tuple(config.bucket_lengths) or data.default_bucket_lengths(config.max_len)
+    make = data.translation_batches if task == "translation" else data.lm_batches
+    return make(
+        examples,
+        bucket_lengths=buckets,
+        batch_size=config.batch_size or None,
+        tokens_per_batch=config.tokens_per_batch or None,
+        batch_size_multiple=num_devices,
+        rng=rng,
+        drop_remainder=drop_remainder,
+    )
+
+
+def build_dataset(
+    config: ml_collections.ConfigDict, workdir: str | os.PathLike, num_devices: int = 1
+) -> Dataset:
+    """Loads, splits, tokenizes and batches the config's corpus.
+
+    Args:
+        config: a validated experiment config.
+        workdir: the run directory (SentencePiece model cache).
+        num_devices: data-parallel devices; every batch's row count is a multiple of it.
+
+    Returns:
+        The Dataset.
+
+    Raises:
+        ValueError: an empty split, or an id outside the vocabulary.
+    """
+    task = config.task
+    if config.packed and config.batch_size % num_devices:
+        raise ValueError(
+            f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
+            "devices the batch is split over."
+        )
+    splits = data.split_examples(load_examples(config), config.valid_fraction, config.test_fraction)
+    if not splits.train or not splits.valid:
+        raise ValueError(
+            f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
+            f"validation examples; both must be non-empty: use a larger corpus or raise "
+            f"--config.valid_fraction={config.valid_fraction}."
+        )
+    tokenizer = make_tokenizer(config, workdir, splits.train)
+    train_ids = _encode(tokenizer, splits.train)
+    valid_ids = _encode(tokenizer, splits.valid)
+    for name, ids in (("train", train_ids), ("validation", valid_ids)):
+        data.check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
+    valid_texts = list(splits.valid)
+    dropped = 0
+    if not config.packed:
+        train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task)
+        fits = [data.example_length(ids, task) <= config.max_len for ids in valid_ids]
+        valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
+        valid_texts = [text for text, keep in zip(valid_texts, fits, strict=True) if keep]
+        dropped += fits.count(False)
+        if dropped:
+            logging.warning(
+                "Dropped %d examples longer than max_len=%d tokens.", dropped, config.max_len
+            )
+        if not train_ids or not valid_ids:
+            raise ValueError(
+                f"No train or validation example fits --config.max_len={config.max_len}; raise it."
+            )
+    eval_batches = _batches(config, task, valid_ids, None, num_devices)
+    if config.num_eval_batches:
+        eval_batches = eval_batches[: config.num_eval_batches]
+    target_ids = [tgt for _, tgt in valid_ids] if task == "translation" else valid_ids
+    target_texts = [t for _, t in valid_texts] if task == "translation" else valid_texts
+    # Target tokens per example: + EOS; packed streams also predict the next line's BOS.
+    extra_targets = 2 if config.packed else 1
+    num_tokens = sum(len(ids) + extra_targets for ids in target_ids)
+    num_chars = sum(len(text) + 1 for text in target_texts)  # + line break
+    return Dataset(
+        task=task,
+        tokenizer=tokenizer,
+        build_epoch=lambda rng: _batches(config, task, train_ids, rng, num_devices),
+        eval_batches=eval_batches,
+        valid_examples=valid_texts,
+        chars_per_token=num_chars / num_tokens,
+        sizes={
+            "train": len(train_ids),
+            "valid": len(valid_ids),
+            "test": len(splits.test),
+            "dropped_too_long": dropped,
+        },
+    )

@@ -1,0 +1,97 @@
+"""Train a Transformer: `python -m train.main [--config configs/<name>.py] [--workdir DIR]`.
+
+With no flags it trains the default (configs/default.py: Japanese -> English Bible
+translation, ~10 minutes on a laptop CPU) in ./runs/default. Override any config field with
+`--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
+Rerunning a command resumes from its work directory's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+from absl import app, flags, logging
+
+from train.cli import RUN_ERROR, USAGE_ERROR, die, quiet_library_logs
+
+DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
+DEFAULT_WORKDIR = "runs/default"
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", DEFAULT_WORKDIR, "Run directory: checkpoints, metrics, outputs.")
+
+
+def _override_error(err: Exception, argv: list[str]) -> str:
+    """A readable message for an override of a field the config does not have."""
+    text = str(err).replace("\\", "")  # ml_collections nests the quoted name in reprs
+    found = re.search(r"'([A-Za-z_]\w*)", text)
+    field = found.group(1) if found else text
+    culprits = [a for a in argv if a.lstrip("-").startswith("config.") and field in a]
+    shown = culprits[0] if culprits else f"--config.{field}"
+    hint = re.search(r'Did you mean "(\w+)"', text)
+    return (
+        f"{shown}: the config has no field '{field}'"
+        + (f" (did you mean '{hint.group(1)}'?)" if hint else "")
+        + ". See the fields and their comments in configs/default.py (or the --config file)."
+    )
+
+
+def define_config_flag(argv: list[str]) -> None:
+    """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
+
+    ml_collections applies `--config.x=...` overrides while the flag is defined (default
+    config) or parsed (--config given); both raise AttributeError/KeyError for an unknown
+    field, which becomes a one-line message here.
+    """
+    from ml_collections import config_flags
+
+    try:
+        config_flags.DEFINE_config_file(
+            "config", DEFAULT_CONFIG, "Experiment config file (configs/*.py).", lock_config=True
+        )
+    except (AttributeError, KeyError) as err:
+        die(_override_error(err, argv), USAGE_ERROR)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with one-line errors instead of tracebacks."""
+    try:
+        return FLAGS(argv)
+    except (AttributeError, KeyError) as err:
+        die(_override_error(err, argv), USAGE_ERROR)
+    except flags.Error as err:
+        die(str(err), USAGE_ERROR)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}; use --flag=value.")
+    config = FLAGS.config
+    try:
+        config.lock  # an unreadable config file raises when first touched  # noqa: B018
+    except OSError as err:
+        die(f"--config: {err}", USAGE_ERROR)
+    quiet_library_logs()
+    # Imported after flag parsing: jax starts only for a valid command line.
+    from train import train_lib
+    from train.corpora import CorpusNotFoundError
+
+    logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
+    try:
+        train_lib.train_and_evaluate(config, FLAGS.workdir)
+    except (ValueError, FileNotFoundError, CorpusNotFoundError) as err:
+        die(str(err), USAGE_ERROR)
+    except train_lib.TrainingDivergedError as err:
+        die(str(err), RUN_ERROR)
+
+
+def run() -> None:
+    """Entry point: define the config flag, then let absl parse flags and call main."""
+    define_config_flag(sys.argv)
+    app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,67 @@
+"""Sample from a trained language model: `python -m train.sample --workdir DIR --prompt "..."`.
+
+Greedy by default; `--temperature`, `--top_k` and `--top_p` sample instead (with `--seed`).
+Prints each prompt with its continuation.
+"""
+
+from __future__ import annotations
+
+from absl import app, flags
+
+from train.cli import die, quiet_library_logs
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
+flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for several.")
+flags.DEFINE_integer("max_new_tokens", None, "Tokens to generate; default: as many as fit.")
+flags.DEFINE_float("temperature", None, "0 = greedy; default: the run's config.")
+flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens (0 = all).")
+flags.DEFINE_float("top_p", None, "Nucleus sampling mass (1 = off).")
+flags.DEFINE_integer("seed", 0, "PRNG seed for sampling.")
+flags.DEFINE_integer("num_samples", 1, "Samples per prompt.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments {argv[1:]}; pass prompts with --prompt.")
+    if not FLAGS.prompt:
+        raise app.UsageError('Give a prompt: --prompt "In the beginning".')
+    import jax
+
+    from train import evaluate, inference
+
+    quiet_library_logs()
+
+    try:
+        trained = inference.load_trained(FLAGS.workdir)
+    except (FileNotFoundError, ValueError) as err:
+        die(str(err))
+    if trained.config.task != "lm":
+        die(
+            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
+            "`python -m train.translate` for translation models."
+        )
+    config = trained.config
+    with config.unlocked():
+        for name in ("temperature", "top_k", "top_p"):
+            if getattr(FLAGS, name) is not None:
+                config[name] = getattr(FLAGS, name)
+    prompts = [p for p in FLAGS.prompt for _ in range(FLAGS.num_samples)]
+    try:
+        outputs = evaluate.sample_text(
+            trained.model,
+            trained.params,
+            trained.tokenizer,
+            prompts,
+            config,
+            rng=jax.random.key(FLAGS.seed),
+            max_new_tokens=FLAGS.max_new_tokens,
+        )
+    except ValueError as err:
+        die(str(err))
+    for text in outputs:
+        print(text)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,235 @@
+"""Train state, the jitted train and eval steps, and their data-parallel placement.
+
+Data parallelism goes through `jax.sharding`: a mesh over all devices
+(`flax_transformer.sharding.make_mesh`), the batch split along its rows, parameters and
+optimizer state placed by the logical-axis rules (replicated on a pure data mesh). On one
+device all of this is a no-op. The step functions sum over the whole (global) batch, so the
+loss is the same whatever the number of devices.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import linen as nn
+
+from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
+from flax_transformer import sharding as sharding_lib
+from flax_transformer.functional import label_smoothed_cross_entropy
+
+# Shape of the dummy batch used to initialise parameters (no parameter depends on it).
+_INIT_BATCH_SHAPE = (1, 8)
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training; checkpointed as one pytree.
+
+    Attributes:
+        step: int32 scalar, micro-batch steps done.
+        params: the model parameters (unboxed).
+        opt_state: the optax state.
+        rng: uint32 raw key data of the dropout PRNG; split once per step.
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    rng: jax.Array
+
+
+def make_model(task: str, model_config: TransformerConfig) -> nn.Module:
+    """`Transformer` for 'translation', `DecoderOnlyTransformer` for 'lm'."""
+    return (
+        Transformer(model_config) if task == "translation" else DecoderOnlyTransformer(model_config)
+    )
+
+
+def init_inputs(task: str) -> tuple[jax.Array, ...]:
+    dummy = jnp.ones(_INIT_BATCH_SHAPE, jnp.int32)
+    return (dummy, dummy) if task == "translation" else (dummy,)
+
+
+def create_train_state(
+    model: nn.Module,
+    task: str,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    rng_impl: str,
+) -> TrainState:
+    """Initial state, created directly in its placement on the mesh (one compiled program).
+
+    Parameters carry logical axis names; optimizer moments built from them inherit the names,
+    so both are placed by `flax_transformer.sharding.DEFAULT_RULES` (replicated on a pure data
+    mesh). Scalars and the PRNG key are replicated.
+
+    Args:
+        model: the flax module.
+        task: 'translation' or 'lm' (decides the init inputs).
+        tx: the optimizer.
+        mesh: the device mesh.
+        seed: parameter init uses key(seed); dropout uses fold_in(key(seed), 1).
+        rng_impl: the PRNG implementation of the dropout key.
+
+    Returns:
+        The TrainState at step 0, each leaf with its NamedSharding.
+    """
+
+    def init_boxed() -> TrainState:
+        variables = model.init(jax.random.key(seed), *init_inputs(task))
+        dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), 1)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=variables["params"],
+            opt_state=tx.init(variables["params"]),
+            rng=jax.random.key_data(dropout_key),
+        )
+
+    specs = nn.get_partition_spec(jax.eval_shape(init_boxed))
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding_lib.DEFAULT_RULES)
+    with nn.logical_axis_rules(sharding_lib.DEFAULT_RULES):
+        return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
+
+
+def _logits_and_labels(model, task, params, batch, *, deterministic, rngs=None):
+    if task == "translation":
+        logits = model.apply(
+            {"params": params},
+            batch["src"],
+            batch["tgt_in"],
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        return logits, batch["tgt_out"]
+    logits = model.apply(
+        {"params": params}, batch["inputs"], deterministic=deterministic, rngs=rngs
+    )
+    return logits, batch["targets"]
+
+
+def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
+    """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens'."""
+    nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0)
+    correct = (jnp.argmax(logits, axis=-1) == labels) * weights
+    return {
+        "loss": loss.sum(),
+        "nll": nll.sum(),
+        "correct": correct.sum(),
+        "tokens": weights.sum(),
+    }
+
+
+def train_step(
+    state: TrainState,
+    batch: dict[str, jax.Array],
+    *,
+    model: nn.Module,
+    task: str,
+    tx: optax.GradientTransformation,
+    label_smoothing: float,
+    rng_impl: str,
+) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
+
+    The loss is the mean over the batch's non-padding target tokens.
+
+    Args:
+        state: the TrainState.
+        batch: int32 `(B, L)` arrays ('src', 'tgt_in', 'tgt_out' or 'inputs', 'targets').
+        model, task, tx, label_smoothing, rng_impl: bound with functools.partial.
+
+    Returns:
+        (new state, metric sums: loss, nll, correct, tokens, grad_norm).
+    """
+    key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
+    key, dropout_key = jax.random.split(key)
+
+    def loss_fn(params):
+        logits, labels = _logits_and_labels(
+            model, task, params, batch, deterministic=False, rngs={"dropout": dropout_key}
+        )
+        loss, weights = label_smoothed_cross_entropy(
+            logits, labels, label_smoothing=label_smoothing, pad_id=model.config.pad_id
+        )
+        mean_loss = loss.sum() / jnp.maximum(weights.sum(), 1.0)
+        return mean_loss, (logits, labels, loss, weights)
+
+    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = _token_metrics(*aux)
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    new_state = state.replace(
+        step=state.step + 1,
+        params=params,
+        opt_state=opt_state,
+        rng=jax.random.key_data(key),
+    )
+    return new_state, metrics
+
+
+def eval_step(
+    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: str
+) -> dict[str, jax.Array]:
+    """Metric sums of one validation batch, without label smoothing or dropout.
+
+    Returns:
+        {'loss', 'nll', 'correct', 'tokens'} summed over non-padding target tokens
+        ('loss' equals 'nll' here).
+    """
+    logits, labels = _logits_and_labels(model, task, params, batch, deterministic=True)
+    nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
+    return _token_metrics(logits, labels, nll, weights)
+
+
+def jit_steps(
+    model: nn.Module,
+    task: str,
+    tx: optax.GradientTransformation,
+    state: TrainState,
+    mesh: jax.sharding.Mesh,
+    *,
+    label_smoothing: float,
+    rng_impl: str,
+) -> tuple[Callable, Callable, Callable]:
+    """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
+
+    The train step donates the state (its buffers are reused for the new state).
+
+    Returns:
+        (train_step(state, batch), eval_step(params, batch), put_batch(numpy batch)).
+    """
+    state_shardings = jax.tree.map(lambda x: x.sharding, state)
+    batch_sharding = sharding_lib.batch_sharding(mesh)
+    replicated = sharding_lib.replicated(mesh)
+    train = jax.jit(
+        functools.partial(
+            train_step,
+            model=model,
+            task=task,
+            tx=tx,
+            label_smoothing=label_smoothing,
+            rng_impl=rng_impl,
+        ),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        functools.partial(eval_step, model=model, task=task),
+        in_shardings=(state_shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
+
+    def put_batch(batch):
+        # numpy straight to its shards: each device receives only its rows.
+        return jax.device_put(dict(batch), batch_sharding)
+
+    return train, evaluate, put_batch

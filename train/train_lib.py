@@ -1,0 +1,199 @@
+"""`train_and_evaluate(config, workdir)`: the training program, importable from a notebook.
+
+One run = one work directory:
+  workdir/config.json        the config of the run (a rerun must keep its identity fields)
+  workdir/spm_<V>.model      the SentencePiece model, trained on the train split on first use
+  workdir/checkpoints/<step> orbax checkpoints: train state + data-stream position
+  workdir/metrics.jsonl      train / valid / bleu records; workdir/tensorboard/ the same
+  workdir/loss_curve.png     train and validation loss against step
+  workdir/results.json       the final validation metrics, BLEU/chrF and samples
+Rerunning the same command resumes from the latest checkpoint, bit-identically on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from flax_transformer import sharding as sharding_lib
+from train import config_lib, data, evaluate, input_pipeline, optim, steps
+from train.checkpoint import Checkpointer
+from train.metrics import MetricsWriter, plot_loss_curve
+from train.train_log import TrainingDivergedError, TrainLog, progress_bar
+
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.json"
+
+
+def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, resuming: bool):
+    """Writes config.json, or refuses to resume with different identity fields."""
+    path = workdir / CONFIG_FILE
+    if resuming and path.exists():
+        changed = config_lib.changed_identity_fields(json.loads(path.read_text()), config)
+        if changed:
+            raise ValueError(
+                f"{workdir} holds checkpoints of a run with different {', '.join(changed)} "
+                f"(see {path}); resuming would not fit them. Use a fresh --workdir, or the "
+                "saved values."
+            )
+    path.write_text(config.to_json(indent=2) + "\n")
+
+
+def _tokens_in(batch: dict[str, np.ndarray]) -> int:
+    """Non-padding tokens fed to the model (source + decoder input, or LM inputs)."""
+    keys = ("src", "tgt_in") if "src" in batch else ("inputs",)
+    return int(sum(np.count_nonzero(batch[k]) for k in keys))
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def train_and_evaluate(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    step_callback: Callable[[int], None] | None = None,
+) -> dict:
+    """Trains (or resumes) the configured model, evaluates it, and returns the results.
+
+    Args:
+        config: an experiment config (`configs/*.py`).
+        workdir: the run directory (created if missing); rerunning with the same directory
+            resumes from its latest checkpoint.
+        step_callback: called with the step number after every train step (e.g. to stop a
+            run from a notebook by raising).
+
+    Returns:
+        The results also written to `workdir/results.json`: final step, validation metrics,
+        and BLEU/chrF with samples (translation) or samples (LM).
+
+    Raises:
+        ValueError: a bad config value, corpus file or checkpoint.
+        TrainingDivergedError: the loss became NaN or infinite (names the step).
+    """
+    config_lib.validate_config(config)
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+    try:
+        return _run(config, workdir, checkpointer, step_callback)
+    finally:
+        checkpointer.close()
+
+
+def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callback) -> dict:
+    """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
+    latest = checkpointer.latest_step()
+    _check_resumable(config, workdir, latest is not None)
+    if (
+        latest is not None
+        and latest >= config.num_train_steps
+        and (workdir / RESULTS_FILE).exists()
+    ):
+        logging.info("%s already finished %d steps; its results:", workdir, latest)
+        results = json.loads((workdir / RESULTS_FILE).read_text())
+        print(evaluate.format_report(results), flush=True)
+        return results
+    mesh = sharding_lib.make_mesh(data=-1)
+    dataset = input_pipeline.build_dataset(config, workdir, num_devices=mesh.size)
+    logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
+    model = steps.make_model(
+        config.task, config_lib.model_config(config, dataset.tokenizer.vocab_size)
+    )
+    tx = optim.make_optimizer(config)
+    state = steps.create_train_state(model, config.task, tx, mesh, config.seed, config.rng_impl)
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
+    stream_state = None
+    if checkpointer.latest_step() is not None:
+        state, progress = checkpointer.restore(state)
+        stream_state = progress["stream"]
+        logging.info("Resumed from checkpoint step %d.", int(state.step))
+    stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
+    train_step, eval_step, put_batch = steps.jit_steps(
+        model,
+        config.task,
+        tx,
+        state,
+        mesh,
+        label_smoothing=config.label_smoothing,
+        rng_impl=config.rng_impl,
+    )
+    writer = MetricsWriter(workdir, resume_step=int(state.step))
+    log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
+    chars_per_token = dataset.chars_per_token if config.task == "lm" else None
+
+    def run_eval(step: int) -> dict:
+        valid = evaluate.evaluate_loss(
+            eval_step, state.params, dataset.eval_batches, put_batch, chars_per_token
+        )
+        writer.write(step, "valid", valid)
+        return valid
+
+    def save(step: int) -> None:
+        summary = log.check()  # raises before a diverged state is saved
+        if summary is not None:
+            writer.write(step, "train", summary)
+        if not bool(_all_finite(state.params)):
+            raise TrainingDivergedError(
+                f"Parameters are NaN or infinite at step {step}; the last good checkpoint "
+                f"(step {checkpointer.latest_step()}) is kept in {checkpointer.directory}."
+            )
+        checkpointer.save(step, state, {"stream": stream.state_dict(), "step": step})
+
+    total, valid = config.num_train_steps, None
+    with progress_bar(total, int(state.step)) as bar:
+        for step in range(int(state.step) + 1, total + 1):
+            batch = next(stream)
+            state, metrics = train_step(state, put_batch(batch))
+            log.add(step, metrics, _tokens_in(batch))
+            bar.update(1)
+            if step % config.log_every_steps == 0 or step == total:
+                summary = log.check()
+                writer.write(step, "train", summary)
+                bar.set_postfix(
+                    loss=f"{summary['loss']:.3f}",
+                    lr=f"{summary['learning_rate']:.2e}",
+                    tok_s=f"{summary['tokens_per_sec']:.0f}",
+                )
+            if step % config.eval_every_steps == 0 or step == total:
+                valid = run_eval(step)
+                bar.write(
+                    f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
+                    f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
+                )
+            if config.bleu_every_steps and step % config.bleu_every_steps == 0 and step < total:
+                scores = evaluate.final_outputs(config, dataset, model, state.params).get("bleu")
+                if scores:
+                    writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
+            if step % config.checkpoint_every_steps == 0 or step == total:
+                save(step)
+            if step % config.log_every_steps == 0:
+                log.restart_clock()  # tokens/s counts training time only
+            if step_callback is not None:
+                step_callback(step)
+
+    step = int(state.step)
+    valid = valid or run_eval(step)
+    results = {
+        "step": step,
+        "valid": valid,
+        **evaluate.final_outputs(config, dataset, model, state.params),
+    }
+    if "bleu" in results:
+        writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
+    writer.close()
+    plot_loss_curve(workdir)
+    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    print(evaluate.format_report(results), flush=True)
+    return results

@@ -1,0 +1,57 @@
+"""Translate with a trained run: `python -m train.translate --workdir DIR [SENTENCE ...]`.
+
+Sentences come from the arguments, or one per line from stdin when there are none. Each
+translation is printed on its own line, in order. Decoding follows the run's config (greedy
+unless beam_size > 1); `--beam_size` overrides it.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+
+from train.cli import die, quiet_library_logs
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", "runs/default", "Run directory written by train.main.")
+flags.DEFINE_integer("beam_size", None, "Beam width; default: the run's config.")
+flags.DEFINE_integer("batch_size", None, "Sentences decoded together; default: the config's.")
+
+
+def main(argv: list[str]) -> None:
+    sentences = [s.strip() for s in argv[1:]] or [line.strip() for line in sys.stdin]
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        raise app.UsageError("Give sentences as arguments or on stdin, one per line.")
+    from train import evaluate, inference
+
+    quiet_library_logs()
+
+    try:
+        trained = inference.load_trained(FLAGS.workdir)
+    except (FileNotFoundError, ValueError) as err:
+        die(str(err))
+    if trained.config.task != "translation":
+        die(
+            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
+            "`python -m train.sample` for language models."
+        )
+    config = trained.config
+    with config.unlocked():
+        if FLAGS.beam_size:
+            config.beam_size = FLAGS.beam_size
+        if FLAGS.batch_size:
+            config.decode_batch_size = FLAGS.batch_size
+    try:
+        outputs = evaluate.translate(
+            trained.model, trained.params, trained.tokenizer, sentences, config
+        )
+    except ValueError as err:
+        die(str(err))
+    for line in outputs:
+        print(line)
+
+
+if __name__ == "__main__":
+    app.run(main)
