@@ -5,6 +5,7 @@ short bf16 training run tracks the float32 run. The `jax_nn` attention kernel (c
 attention on NVIDIA GPUs) agrees with our vmapped XLA attention for every mask we use.
 """
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,7 +55,10 @@ def _train(dtype: str):
         per_token, weights = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.1)
         return per_token.sum() / weights.sum(), logits
 
+    # Traced once for all 50 steps: a retrace would mean a shape or dtype drifts.
+    chex.clear_trace_counter()  # the counter keys on the code; each run starts afresh
     @jax.jit
+    @chex.assert_max_traces(n=1)
     def step(p, o):
         (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(p)
         updates, o = tx.update(grads, o, p)
