@@ -57,6 +57,7 @@ def _train(dtype: str):
 
     # Traced once for all 50 steps: a retrace would mean a shape or dtype drifts.
     chex.clear_trace_counter()  # the counter keys on the code; each run starts afresh
+
     @jax.jit
     @chex.assert_max_traces(n=1)
     def step(p, o):
