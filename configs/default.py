@@ -88,7 +88,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.bleu_tokenize = "13a"  # sacrebleu tokenizer: '13a' for English, 'char' for Japanese
     config.decode_batch_size = 64  # sentences decoded together
     config.max_decode_len = 0  # tokens generated at most; 0 = max_len - 1
-    config.beam_size = 1  # 1 = greedy decoding
+    config.beam_size = 1  # 1 = greedy decoding (train.translate, BLEU during training)
+    config.report_beam_size = 4  # the final report also scores beam search this wide; 1 = not
+    config.copy_baseline = False  # also score the source itself as the translation (same-
+    # language tasks such as KJV -> WEB, where copying is a strong baseline)
     config.length_penalty = 0.6  # beam search length penalty alpha (GNMT)
     config.num_samples = 5  # held-out sentences shown with reference and model output
     config.sample_prompts = ("In the beginning",)  # task 'lm': prompts sampled at the end

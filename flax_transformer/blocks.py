@@ -25,7 +25,6 @@ from flax import linen as nn
 from flax_transformer import axes
 from flax_transformer.config import TransformerConfig
 from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention, PositionalEncoding
-from flax_transformer.layers.initializers import default_kernel_init
 
 
 def _layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
@@ -45,6 +44,7 @@ def _attention(config: TransformerConfig, name: str, cross: bool = False) -> Mul
         dropout_rate=config.attention_dropout_rate,
         use_bias=config.use_bias,
         impl=config.attention_impl,
+        init_std=config.init_std,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         name=name,
@@ -56,6 +56,7 @@ def _feed_forward(config: TransformerConfig) -> FeedForward:
         d_ff=config.d_ff,
         activation=config.activation,
         use_bias=config.use_bias,
+        init_std=config.init_std,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         name="ffn",
@@ -294,7 +295,7 @@ class Decoder(nn.Module):
                 param_dtype=cfg.param_dtype,
                 name="logits",
                 kernel_init=nn.with_logical_partitioning(
-                    default_kernel_init, (axes.EMBED, axes.VOCAB)
+                    nn.initializers.normal(cfg.init_std), (axes.EMBED, axes.VOCAB)
                 ),
             )(y_BTD)
         logits_BTV = logits_BTV.astype("float32")

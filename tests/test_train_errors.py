@@ -53,7 +53,7 @@ def test_bad_config_value_from_the_command_line(tmp_path):
     "field, value, message",
     [
         ("task", "summarise", r"--config.task='summarise': must be one of"),
-        ("corpus", "kjv", r"task='translation' reads one of \('bible', 'tsv', 'hf'\)"),
+        ("corpus", "kjv", r"task='translation' reads one of \('bible', 'kjv-web', 'tsv', 'hf'\)"),
         ("corpus_path", "", r"corpus='tsv' needs a file path"),
         ("num_train_steps", 0, r"--config.num_train_steps=0: must be a positive integer"),
         ("label_smoothing", 1.0, r"--config.label_smoothing=1.0: must be in \[0, 1\)"),

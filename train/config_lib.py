@@ -16,14 +16,17 @@ from flax_transformer import TransformerConfig
 from train.tokenizer import PAD_ID
 
 TASKS = ("translation", "lm")
-CORPORA = ("bible", "kjv", "tsv", "text", "hf")
+CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
 TOKENIZERS = ("sentencepiece", "byte")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 # Corpora each task can read: parallel pairs for translation, single lines for the LM.
-TASK_CORPORA = {"translation": ("bible", "tsv", "hf"), "lm": ("kjv", "text", "hf")}
+TASK_CORPORA = {
+    "translation": ("bible", "kjv-web", "tsv", "hf"),
+    "lm": ("kjv", "text", "hf"),
+}
 
 # Fields that decide the data, vocabulary or parameter shapes: a resumed run must not change
 # them (the checkpoint would not fit, or would silently continue a different experiment).
@@ -57,6 +60,7 @@ _POSITIVE_INTS = (
     "grad_accum_steps",
     "decode_batch_size",
     "beam_size",
+    "report_beam_size",
 )
 _NON_NEGATIVE_INTS = (
     "batch_size",

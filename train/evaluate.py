@@ -59,6 +59,7 @@ def translate(
     tokenizer: Tokenizer,
     sources: Sequence[str],
     config: ml_collections.ConfigDict,
+    beam_size: int | None = None,
 ) -> list[str]:
     """Translates sentences with the config's decoding settings.
 
@@ -71,6 +72,7 @@ def translate(
         sources: source sentences.
         config: the experiment config (max_len, bucket_lengths, decode_batch_size,
             max_decode_len, beam_size, length_penalty).
+        beam_size: overrides config.beam_size (1 = greedy).
 
     Returns:
         One translation per source, in the input order.
@@ -101,7 +103,7 @@ def translate(
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
             max_new_tokens=max_new,
-            beam_size=config.beam_size,
+            beam_size=beam_size or config.beam_size,
             length_penalty=config.length_penalty,
         )
         generated = np.asarray(jax.device_get(generated))
@@ -204,6 +206,34 @@ def format_samples(
     return rule + "\n" + f"\n{rule}\n".join(blocks) + "\n" + rule
 
 
+def repeated_ngram_share(texts: Sequence[str], n: int = 4) -> float:
+    """Share of texts in which some run of `n` words (split at whitespace) occurs twice: the
+    loops of a decoder that ignores its source ("to the king of Israel, and to the king...").
+
+    Args:
+        texts: model outputs.
+        n: n-gram length in words.
+
+    Returns:
+        A fraction in [0, 1]; 0 for no texts.
+    """
+
+    def repeats(text: str) -> bool:
+        words = text.split()
+        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+        return len(set(grams)) < len(grams)
+
+    return sum(map(repeats, texts)) / len(texts) if texts else 0.0
+
+
+def _score_line(name: str, scores: dict) -> str:
+    return f"{name}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}" + (
+        f", {100 * scores['repeated_4gram']:.1f}% of outputs repeat a 4-gram"
+        if "repeated_4gram" in scores
+        else ""
+    )
+
+
 def format_report(results: dict) -> str:
     """The text printed at the end of a run: validation metrics, BLEU/chrF, samples."""
     valid = results["valid"]
@@ -215,25 +245,62 @@ def format_report(results: dict) -> str:
     ]
     if "bleu" in results:
         bleu = results["bleu"]
-        lines.append(
-            f"BLEU {bleu['bleu']:.2f}, chrF {bleu['chrf']:.2f} on {bleu['examples']} validation "
-            f"sentences ({bleu['decoding']})."
-        )
+        lines.append(f"On {bleu['examples']} validation sentences:")
+        lines.append("  " + _score_line(f"model, {bleu['decoding']}", bleu))
+        if "bleu_beam" in results:
+            beam = results["bleu_beam"]
+            lines.append("  " + _score_line(f"model, {beam['decoding']}", beam))
+        if "copy_baseline" in results:
+            lines.append(
+                "  " + _score_line("copy the source unchanged (baseline)", results["copy_baseline"])
+            )
+        headers = ("source", "reference", "model")
         rows = [(s["source"], s["reference"], s["model"]) for s in results["samples"]]
-        lines.append(format_samples(rows, ("source", "reference", "model")))
+        if rows and "model_beam" in results["samples"][0]:
+            headers = (*headers, "model (beam)")
+            rows = [
+                (*row, s["model_beam"]) for row, s in zip(rows, results["samples"], strict=True)
+            ]
+        lines.append(format_samples(rows, headers))
     elif results["samples"]:
         rows = [(s["prompt"], s["model"]) for s in results["samples"]]
         lines.append(format_samples(rows, ("prompt", "model")))
     return "\n".join(lines)
 
 
-def final_outputs(config: ml_collections.ConfigDict, dataset, model, params: Any) -> dict:
-    """What a run ends with: BLEU/chrF on the first `bleu_examples` validation pairs and
-    `num_samples` of them side by side (translation), or the prompts' samples (LM).
+def validation_bleu(
+    config: ml_collections.ConfigDict, dataset, model, params: Any, beam_size: int = 1
+) -> tuple[dict, list[str]]:
+    """BLEU/chrF of the model's translations of the first `bleu_examples` validation pairs.
 
     Returns:
-        {'bleu': {bleu, chrf, examples, decoding}, 'samples': [{source, reference, model}]}
-        or {'samples': [{prompt, model}]}; no 'bleu' when bleu_examples is 0.
+        ({bleu, chrf, repeated_4gram, examples, decoding}, the translations).
+    """
+    pairs = dataset.valid_examples[: config.bleu_examples]
+    hypotheses = translate(
+        model, params, dataset.tokenizer, [s for s, _ in pairs], config, beam_size=beam_size
+    )
+    scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
+    decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
+    return {
+        **scores,
+        "repeated_4gram": repeated_ngram_share(hypotheses),
+        "examples": len(pairs),
+        "decoding": decoding,
+    }, hypotheses
+
+
+def final_outputs(config: ml_collections.ConfigDict, dataset, model, params: Any) -> dict:
+    """What a run ends with: on the first `bleu_examples` validation pairs, BLEU/chrF and the
+    share of looping outputs for greedy decoding and for beam search (`report_beam_size`),
+    the copy-the-source baseline where the config asks for it, and `num_samples` pairs side
+    by side (translation); or the prompts' samples (LM).
+
+    Returns:
+        {'bleu': greedy scores, 'bleu_beam': beam scores (if report_beam_size > 1),
+        'copy_baseline': {bleu, chrf} (if copy_baseline), 'samples': [{source, reference,
+        model[, model_beam]}]} or {'samples': [{prompt, model}]}; no scores when
+        bleu_examples is 0.
     """
     if dataset.task == "lm":
         prompts = list(config.sample_prompts)
@@ -246,13 +313,20 @@ def final_outputs(config: ml_collections.ConfigDict, dataset, model, params: Any
     pairs = dataset.valid_examples[: config.bleu_examples]
     if not pairs:
         return {"samples": []}
-    hypotheses = translate(model, params, dataset.tokenizer, [s for s, _ in pairs], config)
-    scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
-    decoding = "greedy" if config.beam_size == 1 else f"beam {config.beam_size}"
+    results = {}
+    results["bleu"], greedy = validation_bleu(config, dataset, model, params)
     shown = range(min(config.num_samples, len(pairs)))
-    return {
-        "bleu": {**scores, "examples": len(pairs), "decoding": decoding},
-        "samples": [
-            {"source": pairs[i][0], "reference": pairs[i][1], "model": hypotheses[i]} for i in shown
-        ],
-    }
+    samples = [{"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown]
+    if config.report_beam_size > 1:
+        results["bleu_beam"], beam = validation_bleu(
+            config, dataset, model, params, beam_size=config.report_beam_size
+        )
+        for i in shown:
+            samples[i]["model_beam"] = beam[i]
+    if config.copy_baseline:
+        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+        results["copy_baseline"] = {
+            **bleu_and_chrf(sources, references, config.bleu_tokenize),
+            "repeated_4gram": repeated_ngram_share(sources),
+        }
+    return {**results, "samples": samples}

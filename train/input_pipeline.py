@@ -55,6 +55,8 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
         return data.load_bible_parallel(config.direction)
     if config.corpus == "kjv":
         return data.load_kjv_lines()
+    if config.corpus == "kjv-web":
+        return data.load_kjv_web_pairs()
     if config.corpus == "tsv":
         return data.read_parallel_tsv(config.corpus_path)
     if config.corpus == "hf":

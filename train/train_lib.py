@@ -172,10 +172,21 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
                 )
-            if config.bleu_every_steps and step % config.bleu_every_steps == 0 and step < total:
-                scores = evaluate.final_outputs(config, dataset, model, state.params).get("bleu")
-                if scores:
-                    writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
+            if (
+                config.task == "translation"
+                and config.bleu_examples
+                and config.bleu_every_steps
+                and step % config.bleu_every_steps == 0
+                and step < total
+            ):
+                scores, _ = evaluate.validation_bleu(
+                    config, dataset, model, state.params, beam_size=config.beam_size
+                )
+                writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
+                bar.write(
+                    f"step {step}: validation BLEU {scores['bleu']:.2f}, chrF "
+                    f"{scores['chrf']:.2f} ({scores['examples']} sentences, {scores['decoding']})"
+                )
             if step % config.checkpoint_every_steps == 0 or step == total:
                 save(step)
             if step % config.log_every_steps == 0:

@@ -25,7 +25,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.functional import dot_product_attention, multi_head_attention
-from flax_transformer.layers.initializers import default_kernel_init, partitioned, zeros_init
+from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 
 class MultiHeadAttention(nn.Module):
@@ -38,6 +38,7 @@ class MultiHeadAttention(nn.Module):
       dropout_rate: dropout on the attention weights.
       use_bias: biases on the projections.
       impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`).
+      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
       dtype, param_dtype: compute and storage dtypes (softmax is float32 regardless).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
@@ -54,6 +55,7 @@ class MultiHeadAttention(nn.Module):
     dropout_rate: float = 0.0
     use_bias: bool = True
     impl: str = "xla"
+    init_std: float = INIT_STD
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -64,7 +66,7 @@ class MultiHeadAttention(nn.Module):
         width = x_BTD.shape[-1]
         kernel = self.param(
             f"{name}_kernel",
-            partitioned(default_kernel_init, (axes.EMBED, *names)),
+            partitioned(nn.initializers.normal(self.init_std), (axes.EMBED, *names)),
             (width, *features),
             self.param_dtype,
         )
@@ -159,7 +161,7 @@ class MultiHeadAttention(nn.Module):
 
         w_out = self.param(
             "out_kernel",
-            partitioned(default_kernel_init, (axes.HEADS, axes.KV, axes.EMBED)),
+            partitioned(nn.initializers.normal(self.init_std), (axes.HEADS, axes.KV, axes.EMBED)),
             (*nh, width),
             self.param_dtype,
         )

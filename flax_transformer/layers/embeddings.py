@@ -11,7 +11,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.functional import sinusoidal_positions
-from flax_transformer.layers.initializers import default_embed_init, partitioned
+from flax_transformer.layers.initializers import INIT_STD, default_embed_init, partitioned
 
 
 class Embed(nn.Module):
@@ -20,18 +20,20 @@ class Embed(nn.Module):
     Attributes:
       vocab_size: V.
       features: D.
+      init_std: standard deviation of the normal init (INIT_STD = 0.02, seed 000).
       dtype, param_dtype: compute and storage dtypes.
     """
 
     vocab_size: int
     features: int
+    init_std: float = INIT_STD
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
     def setup(self):
         self.embedding = self.param(
             "embedding",
-            partitioned(default_embed_init, (axes.VOCAB, axes.EMBED)),
+            partitioned(nn.initializers.normal(self.init_std), (axes.VOCAB, axes.EMBED)),
             (self.vocab_size, self.features),
             self.param_dtype,
         )

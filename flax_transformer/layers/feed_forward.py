@@ -11,7 +11,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.functional import feed_forward
-from flax_transformer.layers.initializers import default_kernel_init, partitioned, zeros_init
+from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -27,12 +27,14 @@ class FeedForward(nn.Module):
       d_ff: hidden width F.
       activation: 'relu', 'gelu' or 'gelu_tanh'.
       use_bias: learn biases b1, b2.
+      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
       dtype, param_dtype: compute and storage dtypes.
     """
 
     d_ff: int
     activation: str = "relu"
     use_bias: bool = True
+    init_std: float = INIT_STD
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
@@ -42,13 +44,13 @@ class FeedForward(nn.Module):
         width = x_BTD.shape[-1]
         w1 = self.param(
             "wi_kernel",
-            partitioned(default_kernel_init, (axes.EMBED, axes.MLP)),
+            partitioned(nn.initializers.normal(self.init_std), (axes.EMBED, axes.MLP)),
             (width, self.d_ff),
             self.param_dtype,
         )
         w2 = self.param(
             "wo_kernel",
-            partitioned(default_kernel_init, (axes.MLP, axes.EMBED)),
+            partitioned(nn.initializers.normal(self.init_std), (axes.MLP, axes.EMBED)),
             (self.d_ff, width),
             self.param_dtype,
         )

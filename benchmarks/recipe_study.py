@@ -1,0 +1,209 @@
+"""How fast does the encoder-decoder learn to use its source? Validation BLEU against training
+minutes for named recipes (issue 9's study).
+
+    python -m benchmarks.recipe_study --recipe baseline --recipe emb1 --minutes 8
+    python -m benchmarks.recipe_study --recipe emb1 --set corpus=bible --set bleu_tokenize=13a
+
+Each recipe is `configs/default.py` with a few fields changed (RECIPES below; `--set
+field=value` changes more for every recipe). A run trains in its own work directory under
+`--out`, computes validation BLEU every `--bleu-every` steps, and appends one JSON line per
+BLEU point to `--out/curves.jsonl`: recipe, corpus, step, training minutes (steps times the
+recipe's measured seconds per step: evaluation and decoding are left out, so recipes
+compare on what they spend learning), BLEU, chrF. `--plot` draws the curves of that file.
+
+The number of steps for a budget comes from a short timing run (`--minutes`), so a recipe's
+cosine schedule ends when its budget does. Run one recipe at a time on a quiet machine:
+two runs side by side share the cores and both slow down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import pathlib
+import platform
+import tempfile
+import time
+
+from configs import default as default_config
+
+# Fields changed from configs/default.py. The study varies one thing at a time from the
+# baseline (corpus set by --set), then combines what helped.
+RECIPES: dict[str, dict] = {
+    "baseline": {},
+    # Token embeddings std d**-0.5, i.e. std 1 after the sqrt(d) scale (Flax wmt example).
+    "emb1": {"model.embed_init_std": 256**-0.5},
+    # Projection kernels std d**-0.5 (the scale of the Xavier/LeCun init of the Flax wmt
+    # example and tensor2tensor) instead of 0.02: attention scores start at unit scale.
+    "kinit": {"model.init_std": 256**-0.5},
+    "kinit+emb1": {"model.init_std": 256**-0.5, "model.embed_init_std": 256**-0.5},
+    # Only examples up to 40 tokens (about half): is alignment learned faster on short ones?
+    "short40": {"max_len": 40, "bucket_lengths": (16, 24, 40)},
+    "lr1e-3": {"learning_rate": 1e-3},
+    "lr4e-3": {"learning_rate": 4e-3},
+    "tok1024": {"tokens_per_batch": 1024},
+    "tok4096": {"tokens_per_batch": 4096},
+    "vocab4k": {"vocab_size": 4000},
+    "vocab16k": {"vocab_size": 16000},
+    "ls0": {"label_smoothing": 0.0},
+    "post": {"model.norm_position": "post", "warmup_steps": 300},
+    "untied": {"model.share_embeddings": False, "model.tie_output_embedding": False},
+    "d128x3": {"model.d_model": 128, "model.d_ff": 512, "model.num_layers": 3},
+    "drop0.1": {"model.dropout_rate": 0.1},
+}
+
+
+def _parse_value(text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text  # a bare string such as corpus=kjv-web
+
+
+def make_config(changes: dict):
+    """configs/default.py with `changes` ({'field' or 'model.field': value}) applied."""
+    config = default_config.get_config()
+    with config.unlocked():
+        for field, value in changes.items():
+            node, *rest = field.split(".")
+            target = config[node] if rest else config
+            target[rest[0] if rest else node] = value
+    return config
+
+
+class StepClock:
+    """Wall-clock times at each step, taken by `train_and_evaluate`'s step callback.
+
+    JAX dispatches steps asynchronously, so one step's interval means little; the loop waits
+    for the device every `log_every_steps` (to log the loss), so the time between two such
+    steps is the true time of the steps between them.
+    """
+
+    def __init__(self):
+        self.times: dict[int, float] = {}
+
+    def __call__(self, step: int) -> None:
+        self.times[step] = time.perf_counter()
+
+
+def time_steps(changes: dict, workdir: pathlib.Path, probe_steps: int) -> float:
+    """Seconds per training step of a recipe, from a short run without compile time.
+
+    The first third of the steps is left out: each bucket length compiles when first seen.
+    """
+    from train import train_lib
+
+    config = make_config(
+        {
+            **changes,
+            "num_train_steps": probe_steps,
+            "log_every_steps": 10,
+            "bleu_examples": 0,
+            "eval_every_steps": 10**6,
+            "checkpoint_every_steps": 10**6,
+        }
+    )
+    clock = StepClock()
+    train_lib.train_and_evaluate(config, str(workdir), step_callback=clock)
+    start = probe_steps // 3 - probe_steps // 3 % 10
+    return (clock.times[probe_steps] - clock.times[start]) / (probe_steps - start)
+
+
+def run_recipe(name, changes, args, out: pathlib.Path) -> None:
+    from train import train_lib
+
+    workdir = out / f"{name}-{changes.get('corpus', 'bible')}"
+    seconds = args.seconds_per_step
+    if not seconds:
+        with tempfile.TemporaryDirectory() as probe_dir:
+            seconds = time_steps(changes, pathlib.Path(probe_dir), args.probe_steps)
+    steps = max(args.bleu_every, int(args.minutes * 60 / seconds))
+    steps -= steps % args.bleu_every
+    print(f"[{name}] {seconds:.3f} s/step -> {steps} steps for {args.minutes} min", flush=True)
+    config = make_config(
+        {
+            **changes,
+            "num_train_steps": steps,
+            "bleu_every_steps": args.bleu_every,
+            "bleu_examples": args.bleu_examples,
+            "eval_every_steps": args.bleu_every,
+            "checkpoint_every_steps": steps,
+        }
+    )
+    results = train_lib.train_and_evaluate(config, str(workdir))
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "curves.jsonl", "a") as f:
+        for record in records:
+            if record.get("split") != "bleu":
+                continue
+            point = {
+                "recipe": name,
+                "corpus": config.corpus,
+                "step": record["step"],
+                "minutes": round(record["step"] * seconds / 60, 2),
+                "bleu": round(record["bleu"], 2),
+                "chrf": round(record["chrf"], 2),
+                "seconds_per_step": round(seconds, 4),
+                "machine": f"{platform.processor() or platform.machine()}",
+            }
+            f.write(json.dumps(point) + "\n")
+    print(f"[{name}] final BLEU {results['bleu']['bleu']:.2f}", flush=True)
+
+
+def plot(curves: pathlib.Path, png: pathlib.Path) -> None:
+    """Validation BLEU against training minutes, one line per recipe and corpus."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[tuple[str, str], list] = {}
+    for line in curves.read_text().splitlines():
+        p = json.loads(line)
+        points.setdefault((p["corpus"], p["recipe"]), []).append((p["minutes"], p["bleu"]))
+    corpora = sorted({c for c, _ in points})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora, strict=True):
+        for (c, recipe), xy in sorted(points.items()):
+            if c == corpus:
+                xs, ys = zip(*sorted(xy), strict=True)
+                ax.plot(xs, ys, marker="o", label=recipe)
+        ax.set(title=corpus, xlabel="training minutes (2-core CPU)", ylabel="validation BLEU")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", action="append", choices=sorted(RECIPES), default=[])
+    parser.add_argument("--set", action="append", default=[], help="field=value for every recipe")
+    parser.add_argument("--minutes", type=float, default=8.0, help="training budget per recipe")
+    parser.add_argument("--bleu-every", type=int, default=150)
+    parser.add_argument("--bleu-examples", type=int, default=200)
+    parser.add_argument("--probe-steps", type=int, default=80)
+    parser.add_argument(
+        "--seconds-per-step",
+        type=float,
+        default=0.0,
+        help="skip the timing run and use this (for recipes with the same shapes)",
+    )
+    parser.add_argument("--out", default="runs/recipe_study")
+    parser.add_argument("--plot", help="write the curves of --out/curves.jsonl to this PNG")
+    args = parser.parse_args()
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    common = {}
+    for item in args.set:
+        field, _, value = item.partition("=")
+        common[field] = _parse_value(value)
+    for name in args.recipe:
+        run_recipe(name, {**RECIPES[name], **common}, args, out)
+    if args.plot:
+        plot(out / "curves.jsonl", pathlib.Path(args.plot))
+
+
+if __name__ == "__main__":
+    main()
