@@ -55,7 +55,7 @@ def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) ->
 
 def _self_attention_mask(tokens_BT: jax.Array, pad_id: int, causal: bool) -> jax.Array:
     """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future)."""
-    keys_B11T = padding_mask(tokens_BT, pad_id)[:, None]
+    keys_B11T = padding_mask(tokens_BT, pad_id)
     return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None)
 
 
@@ -79,14 +79,14 @@ def _extend_decoder(
     # Query t of sequence b sees the cache slots up to its own position (causal over slots);
     # slots past it hold padding or nothing yet.
     self_mask_B1TL = jnp.arange(slots)[None, None, None, :] <= positions_BT[:, None, :, None]
-    cross_mask = None
+    cross_mask_B11S = None
     if "source_mask" in cache:
-        cross_mask = cache["source_mask"][:, None, None, :]  # (B, 1, 1, S)
+        cross_mask_B11S = cache["source_mask"][:, None, None, :]
     logits_BTV, decoder_cache = decoder(
         tokens_BT,
         encoded_BSD,
         self_mask_B1TL,
-        cross_mask,
+        cross_mask_B11S,
         positions_BT=positions_BT,
         cache=cache["decoder"],
         cache_index=index_B,
@@ -153,12 +153,12 @@ class Transformer(nn.Module):
         check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens")
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
-        cross_mask = padding_mask(src_BS, cfg.pad_id)[:, None]  # (B, 1, 1, S)
+        cross_mask_B11S = padding_mask(src_BS, cfg.pad_id)
         logits = self.decoder(
             tgt_BT,
             encoded_BSD,
             _self_attention_mask(tgt_BT, cfg.pad_id, True),
-            cross_mask,
+            cross_mask_B11S,
             deterministic=deterministic,
         )
         chex.assert_shape(logits, (*tgt_BT.shape, cfg.output_vocab_size))

@@ -13,8 +13,10 @@ from flax_transformer import (
     MultiHeadAttention,
     PositionalEncoding,
     causal_mask,
+    combine_masks,
     dot_product_attention,
     layer_norm,
+    padding_mask,
     sinusoidal_positions,
 )
 
@@ -123,6 +125,32 @@ def test_sown_weights_equal_functional_weights():
     # Not recorded unless asked for.
     _, state = module.apply(params, x, mutable=[])
     assert "intermediates" not in state
+
+
+def test_causal_and_padding_mask_is_per_example_not_per_head():
+    """Issue 16: `combine_masks(causal_mask(T), padding_mask(tokens))` used to be (B, T, S),
+    which broadcasting against (B, N, T, S) applied to head b, not example b. Now it is
+    (B, 1, T, S), each example's output equals running that example alone, and a rank-3
+    mask raises."""
+    tok = jnp.array([[5, 6, 0, 0], [5, 6, 7, 0], [5, 0, 0, 0], [5, 6, 7, 8]])
+    lengths = [2, 3, 1, 4]
+    x = jax.random.normal(jax.random.key(16), (4, 4, 32))
+    module = MultiHeadAttention(num_heads=4)
+    params = _init(module, x)
+    apply = jax.jit(module.apply)
+    mask = combine_masks(causal_mask(4), padding_mask(tok))
+    chex.assert_shape(mask, (4, 1, 4, 4))
+    batched = apply(params, x, mask=mask)
+    for b, n in enumerate(lengths):
+        alone = module.apply(params, x[b : b + 1, :n], mask=causal_mask(n))
+        chex.assert_trees_all_close(batched[b, :n], alone[0], atol=1e-5)
+    rank3 = combine_masks(causal_mask(4), (tok != 0)[:, None, :])  # the old (B, T, S) shape
+    chex.assert_shape(rank3, (4, 4, 4))
+    for impl in ("xla", "jax_nn"):
+        with pytest.raises(ValueError, match=r"rank 3.*mask\[:, None\]"):
+            MultiHeadAttention(num_heads=4, impl=impl).apply(params, x, mask=rank3)
+    # The fix the message names gives the right answer.
+    chex.assert_trees_all_close(apply(params, x, mask=rank3[:, None]), batched)
 
 
 def test_jax_nn_attention_impl_matches_xla():

@@ -6,7 +6,9 @@ Dimension letters are those of the package docstring (`flax_transformer`).
 """
 
 from flax_transformer.functional.attention import (
+    MASK_RANKS,
     MASK_VALUE,
+    broadcast_mask,
     dot_product_attention,
     multi_head_attention,
     simple_self_attention,
@@ -23,7 +25,9 @@ from flax_transformer.functional.positions import sinusoidal_positions
 
 __all__ = [
     "LAYER_NORM_EPS",
+    "MASK_RANKS",
     "MASK_VALUE",
+    "broadcast_mask",
     "causal_mask",
     "combine_masks",
     "dot_product_attention",

@@ -24,7 +24,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import dot_product_attention, multi_head_attention
+from flax_transformer.functional import (
+    broadcast_mask,
+    dot_product_attention,
+    multi_head_attention,
+)
 from flax_transformer.layers.initializers import default_kernel_init, partitioned, zeros_init
 
 
@@ -93,8 +97,11 @@ class MultiHeadAttention(nn.Module):
           x_q: queries' inputs `(B, T, D)`.
           x_kv: keys'/values' inputs `(B, S, D)`; required iff `cross`, except when a
             cross-attention `cache` already holds the keys/values (then pass None).
-          mask: bool, broadcastable to `(B, N, T, S)`; True where attention is allowed.
-            With a self-attention cache, S is the cache length L (key = cache slot).
+          mask: bool, True where attention is allowed, of rank 2, `(T, S)`, or rank 4,
+            `(B|1, N|1, T, S)` (e.g. `combine_masks(causal_mask(T), padding_mask(tokens))`,
+            `(B, 1, T, S)`). A rank-3 mask raises ValueError: broadcasting would align its
+            first axis with the heads, not the batch (write `mask[:, None]`). With a
+            self-attention cache, S is the cache length L (key = cache slot).
           deterministic: disable dropout (else the 'dropout' rng stream is used).
           cache: optional KV cache of this layer, `{'k', 'v'}` as in the class docstring.
           cache_index: int `(B,)`, self-attention with a cache only: the slot where each
@@ -143,7 +150,7 @@ class MultiHeadAttention(nn.Module):
         elif self.impl == "jax_nn" and not use_dropout:
             chex.assert_equal_shape([k_BSNH, v_BSNH])
             if mask is not None:
-                mask = jnp.broadcast_to(mask, (batch, self.num_heads, q_len, k_BSNH.shape[1]))
+                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSNH.shape[1])
             out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask)
         else:
             chex.assert_equal_shape([k_BSNH, v_BSNH])
@@ -219,7 +226,7 @@ def _attend_heads_major(
     """
     batch, q_len, num_heads, _ = q_BTNH.shape
     kv_len = k_BNSH.shape[2]
-    mask_BNTS = None if mask is None else jnp.broadcast_to(mask, (batch, num_heads, q_len, kv_len))
+    mask_BNTS = None if mask is None else broadcast_mask(mask, batch, num_heads, q_len, kv_len)
     keys = None
     if dropout_rng is not None and dropout_rate > 0.0:
         keys = jax.random.split(dropout_rng, (batch, num_heads))
