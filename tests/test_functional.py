@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
+from jax.test_util import check_grads
 
 from flax_transformer.functional import (
     causal_mask,
@@ -291,6 +292,35 @@ class DotProductAttentionTest(chex.TestCase):
         q, k, v = np.ones(q_shape), np.ones(k_shape), np.ones(v_shape)
         with self.assertRaisesRegex(ValueError, pattern):
             dot_product_attention(q, k, v)
+
+
+def _enable_x64():
+    """`jax_enable_x64` as a context manager, in this jax (`jax.enable_x64`) or an older one."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
+class Float64Test(chex.TestCase):
+    """Softmax in float32 *or wider*: float64 inputs stay float64, so gradients check."""
+
+    def test_float64_keeps_float64_and_gradients_check(self):
+        q, k, v = _qkv(13, dtype=np.float64)
+        mask = _random_mask(14, (2, 1, 5, 7))
+        with _enable_x64():
+            q, k, v = (jnp.asarray(a, jnp.float64) for a in (q, k, v))
+            out, weights = multi_head_attention(q, k, v, mask)
+            chex.assert_type([out, weights], jnp.float64)
+
+            def f(q, k, v):
+                out, weights = multi_head_attention(q, k, v, mask)
+                return jnp.sum(out * jnp.cos(out)) + jnp.sum(weights**2)
+
+            check_grads(jax.jit(f), (q, k, v), order=2, modes=["rev"])
+            single = lambda q, k, v: dot_product_attention(q, k, v, causal_mask(5))
+            check_grads(jax.jit(single), (q[0, :, 0], k[0, :5, 0], v[0, :5, 0]), 1)
 
 
 class MasksTest(chex.TestCase):

@@ -12,6 +12,7 @@ from flax_transformer.functional.attention import (
     dot_product_attention,
     multi_head_attention,
     simple_self_attention,
+    softmax_dtype,
 )
 from flax_transformer.functional.feed_forward import feed_forward
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
@@ -38,4 +39,5 @@ __all__ = [
     "padding_mask",
     "simple_self_attention",
     "sinusoidal_positions",
+    "softmax_dtype",
 ]

@@ -30,6 +30,15 @@ def _check_rank(name: str, x: jax.Array, rank: int) -> None:
         raise ValueError(f"{name} must have rank {rank}, got {name}.shape={x.shape}.")
 
 
+def softmax_dtype(*dtypes) -> jnp.dtype:
+    """The dtype attention scores and softmax run in: float32, or wider if an input is wider.
+
+    bfloat16/float16/float32 inputs give float32 (seed 000: softmax in float32); float64
+    inputs (under `jax_enable_x64`) keep float64, so gradient checks in float64 hold.
+    """
+    return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
+
+
 def broadcast_mask(
     mask: jax.Array, batch: int, num_heads: int, q_len: int, kv_len: int
 ) -> jax.Array:
@@ -90,8 +99,9 @@ def dot_product_attention(
       dropout_rng: PRNG key; dropout runs only when it is given and `dropout_rate > 0`.
 
     Returns:
-      `(out (T, Hv), weights (T, S))`. The softmax runs in float32; `out` is cast back to
-      `q.dtype` and `weights` stays float32. A query row that may attend to no key gets
+      `(out (T, Hv), weights (T, S))`. The scores and softmax run in float32, or in float64
+      when an input is float64 (`softmax_dtype`); `out` is cast back to `q.dtype` and
+      `weights` stays in the softmax dtype. A query row that may attend to no key gets
       all-zero weights and a zero output (never NaN).
     """
     _check_rank("q", q, 2)
@@ -118,8 +128,9 @@ def dot_product_attention(
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
-    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=jnp.float32)
-    scores_TS = scores_TS.astype(jnp.float32) * scale
+    dtype = softmax_dtype(q.dtype, k.dtype)
+    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
+    scores_TS = scores_TS.astype(dtype) * scale
     if mask is not None:
         scores_TS = jnp.where(mask_TS, scores_TS, MASK_VALUE)
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
@@ -161,7 +172,8 @@ def multi_head_attention(
       dropout_rng: one key; it is split so that every (example, head) drops independently.
 
     Returns:
-      `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32.
+      `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32 (float64 for float64
+      inputs).
     """
     for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
         _check_rank(name, x, 4)

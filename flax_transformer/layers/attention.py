@@ -42,7 +42,7 @@ class MultiHeadAttention(nn.Module):
       dropout_rate: dropout on the attention weights.
       use_bias: biases on the projections.
       impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`).
-      dtype, param_dtype: compute and storage dtypes (softmax is float32 regardless).
+      dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, N, L, H), 'v': (B, N, L, H)}` for L slots;
