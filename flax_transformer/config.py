@@ -65,7 +65,9 @@ class TransformerConfig:
     share_embeddings: bool = True  # one embedding for source and target tokens
     tie_output_embedding: bool = True  # logits = x @ target_embedding^T
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper 3.4)
-    attention_impl: str = "xla"  # 'xla' (our vmapped attention) or 'jax_nn'
+    # 'xla' (our vmapped attention) or 'jax_nn' (jax.nn.dot_product_attention; calls with
+    # attention dropout or a mutable 'intermediates' collection run 'xla', which has weights)
+    attention_impl: str = "xla"
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
     scan_layers: bool = False  # stack layers with nn.scan (compile time flat in depth)

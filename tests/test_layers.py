@@ -164,6 +164,30 @@ def test_jax_nn_attention_impl_matches_xla():
     )
 
 
+def test_jax_nn_impl_sows_weights_by_running_ours(monkeypatch):
+    """jax.nn.dot_product_attention returns no weights: with 'intermediates' mutable, the
+    'jax_nn' module runs our formula for that call and sows the same weights as 'xla'."""
+    x = jax.random.normal(jax.random.key(9), (B, T, D))
+    mask = causal_mask(T)
+    ours = MultiHeadAttention(num_heads=N)
+    params = _init(ours, x)
+    theirs = MultiHeadAttention(num_heads=N, impl="jax_nn")
+    calls = []
+    original = jax.nn.dot_product_attention
+    monkeypatch.setattr(
+        jax.nn, "dot_product_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    y_ours, state_ours = ours.apply(params, x, mask=mask, mutable=["intermediates"])
+    y, state = theirs.apply(params, x, mask=mask, mutable=["intermediates"])
+    (weights,) = state["intermediates"]["attention_weights"]
+    chex.assert_shape(weights, (B, N, T, T))
+    chex.assert_trees_all_close((y, state), (y_ours, state_ours), atol=1e-6)
+    assert not calls
+    # Without the collection it runs jax.nn (and sows nothing).
+    _, state = theirs.apply(params, x, mask=mask, mutable=[])
+    assert "intermediates" not in state and len(calls) == 1
+
+
 def test_bf16_compute_keeps_float32_params_and_softmax():
     x = jax.random.normal(jax.random.key(7), (B, T, D))
     module = MultiHeadAttention(num_heads=N, dtype=jnp.bfloat16)

@@ -41,7 +41,11 @@ class MultiHeadAttention(nn.Module):
         True: keys and values come from `x_kv` (query kernel + fused K/V kernel).
       dropout_rate: dropout on the attention weights.
       use_bias: biases on the projections.
-      impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`).
+      impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`,
+        which may pick a fused kernel such as cuDNN flash attention). That function returns
+        no weights and has no attention dropout, so a 'jax_nn' call with dropout on, or with
+        the 'intermediates' collection mutable, runs our formula instead (same result, and
+        the weights are sown as with 'xla').
       dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
@@ -147,7 +151,11 @@ class MultiHeadAttention(nn.Module):
                 q_BTNH, cache["k"], cache["v"], mask, self.dropout_rate, rng
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
-        elif self.impl == "jax_nn" and not use_dropout:
+        elif (
+            self.impl == "jax_nn"
+            and not use_dropout
+            and not self.is_mutable_collection("intermediates")
+        ):
             chex.assert_equal_shape([k_BSNH, v_BSNH])
             if mask is not None:
                 mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSNH.shape[1])
