@@ -200,6 +200,38 @@ def test_extend_in_chunks_equals_forward():
     np.testing.assert_array_equal(cache["index"], [7, 7, 7])
 
 
+def test_cache_overflow_raises():
+    """Issue 16: a 6-token prompt into a 4-slot cache, or a step past the last slot, used to
+    write past the end silently. Exact fills work; ragged prompts count their real tokens."""
+    model, params = _lm()
+    extend = functools.partial(model.apply, params, method="extend")
+    with pytest.raises(ValueError, match=r"cache has 4 slots, sequence 0 has filled 0 .* 6 new"):
+        extend(PROMPT, init_cache(CONFIG, 3, 4))
+    logits, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4))  # exactly full
+    chex.assert_shape(logits, (3, 4, V))
+    np.testing.assert_array_equal(cache["index"], [4, 4, 4])
+    with pytest.raises(ValueError, match=r"sequence 0 has filled 4 .* 1 new tokens would need 5"):
+        extend(PROMPT[:, :1], cache)
+    # Ragged prompts: rows 1 and 2 have room for one more token, row 0 has not.
+    _, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([4, 3, 3]))
+    with pytest.raises(ValueError, match=r"sequence 0 has filled 4"):
+        extend(PROMPT[:, :1], cache)
+    _, cache = extend(PROMPT[:, :1], cache, jnp.array([0, 1, 1]))
+    np.testing.assert_array_equal(cache["index"], [4, 4, 4])
+    with pytest.raises(
+        ValueError, match=r"lengths_B=\[5, 1, 1\] must hold one count in \[0, T=4\]"
+    ):
+        extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([5, 1, 1]))
+
+    mt, mt_params = _mt()
+    prefill = functools.partial(mt.apply, mt_params, method="prefill")
+    with pytest.raises(ValueError, match=r"cache has 2 slots, sequence 0 has filled 0 .* 3 new"):
+        prefill(SOURCE, PROMPT[:, :3], init_cache(CONFIG, 3, 2, source_length=7))
+    _, cache = prefill(SOURCE, PROMPT[:, :2], init_cache(CONFIG, 3, 2, source_length=7))
+    with pytest.raises(ValueError, match=r"filled 2 .* 1 new tokens would need 3"):
+        mt.apply(mt_params, PROMPT[:, :1], cache, method="extend")
+
+
 def test_cache_trees_for_unrolled_and_scanned_stacks():
     cache = init_cache(CONFIG, 2, 9, source_length=5)
     layer = cache["decoder"]["layers_1"]

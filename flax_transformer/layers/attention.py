@@ -204,7 +204,8 @@ def _write_cache(
 
     Each sequence has its own write position, so a batch of prompts of different lengths
     shares one cache. The scatter updates the `(B, N, L, H)` buffers in place under `jit`;
-    writes past slot L - 1 are dropped (callers size the cache so that none happen).
+    writes past slot L - 1 are dropped (the models check that the real tokens fit,
+    `decoding.cache.check_cache_room`, where the index is concrete).
     """
     batch, length = k_BTNH.shape[:2]
     if index_B is None:
