@@ -455,6 +455,8 @@ def test_bad_inputs_raise_before_compute():
         (dict(temperature=-1.0), "temperature=-1.0 must be >= 0"),
         (dict(temperature=0.8), r"needs a PRNG key: pass rng=jax.random.key\(0\)"),
         (dict(beam_size=2, temperature=0.8), "beam search .* is deterministic"),
+        (dict(top_k=5), "do nothing with greedy decoding"),
+        (dict(top_p=0.9), r"top_p=0.9 narrow .* do nothing with greedy decoding"),
         (dict(eos_id=V), f"eos_id={V} must be a token id"),
         (dict(eos_id=PAD), "equals pad_id"),
         (dict(beam_size=2, return_logits=True), "return_logits=True is for beam_size=1"),

@@ -171,7 +171,8 @@ def generate_translation(
         beam is exactly greedy decoding, so 1 runs the cheaper greedy loop).
       length_penalty: beam search's GNMT exponent alpha (0: raw log-probability).
       temperature: 0.0 for greedy; > 0 samples from softmax(logits / temperature).
-      top_k: when sampling, keep only the k most likely tokens (0: all).
+      top_k: when sampling, keep only the k most likely tokens (0: all). Sampling only:
+        with temperature=0 a top_k or top_p other than off raises ValueError.
       top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
       rng: PRNG key, required when sampling.
       use_cache: False recomputes the full model every step (slow; the reference).

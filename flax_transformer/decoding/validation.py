@@ -77,6 +77,12 @@ def check_options(
             f"temperature/top_k/top_p (got {temperature}, {top_k}, {top_p}). Use beam_size=1 "
             "to sample."
         )
+    if not sampling and (top_k or top_p < 1.0):
+        raise ValueError(
+            f"{fn}: top_k={top_k} / top_p={top_p} narrow the tokens a sample is drawn from; "
+            "they do nothing with greedy decoding (temperature=0). Pass temperature > 0 (and "
+            "rng) to sample, or leave top_k=0 and top_p=1.0."
+        )
     if sampling and rng is None:
         raise ValueError(
             f"{fn}: temperature={temperature} samples and needs a PRNG key: pass "
