@@ -22,6 +22,7 @@ from flax_transformer import (
     generate_translation,
 )
 from flax_transformer.decoding import (
+    MASKED_LOGIT,
     beam_search,
     init_cache,
     length_penalty,
@@ -368,6 +369,96 @@ def test_sampling():
     above = np.where(probs > chosen, probs, 0.0).sum(-1)
     assert np.all((above < 0.5)[valid])
     assert not np.array_equal(tokens, greedy)
+
+
+# logits_hook tests: module-level hooks, so each (hook, options) pair compiles once.
+PREFIX = (7, 8, 9)
+
+
+def _force_prefix(logits_RV, tokens_RN, step):
+    """Steps 0..2 may emit only PREFIX[step]; later steps are free."""
+    del tokens_RN
+    want = jnp.asarray(PREFIX)[jnp.minimum(step, len(PREFIX) - 1)]
+    only_RV = jnp.where(jnp.arange(logits_RV.shape[-1]) == want, logits_RV, MASKED_LOGIT)
+    return jnp.where(step < len(PREFIX), only_RV, logits_RV)
+
+
+def _no_repeat(logits_RV, tokens_RN, step):
+    """Ban every token already generated (pad included: generation never emits it)."""
+    del step
+    rows_R1 = jnp.arange(logits_RV.shape[0])[:, None]
+    seen_RV = jnp.zeros(logits_RV.shape, bool).at[rows_R1, tokens_RN].set(True)
+    return jnp.where(seen_RV, MASKED_LOGIT, logits_RV)
+
+
+def _ban(token):
+    return lambda logits_RV, tokens_RN, step: logits_RV.at[:, token].set(MASKED_LOGIT)
+
+
+def test_logits_hook_bans_a_token():
+    """Issue 16: a banned token never appears, in greedy, sampled and beam decoding; the
+    hook runs inside the compiled loop and its logits are what `return_logits` shows."""
+    model, params = _lm()
+    greedy = np.asarray(_text(model, params)[0])
+    banned = int(np.bincount(greedy.ravel(), minlength=V)[1 : V - 1].argmax()) + 1
+    assert np.any(greedy == banned)  # the token greedy decoding likes most
+    hook = _ban(banned)
+    tokens, logits = _text(model, params, logits_hook=hook)
+    assert not np.any(np.asarray(tokens) == banned)
+    np.testing.assert_array_equal(np.asarray(logits)[..., banned], np.float32(MASKED_LOGIT))
+    key = jax.random.key(5)
+    sampled, _ = _text(model, params, logits_hook=hook, temperature=1.5, rng=key)
+    assert not np.any(np.asarray(sampled) == banned)
+    beams = generate_text(
+        model,
+        params,
+        PROMPT,
+        LENGTHS,
+        eos_id=V - 1,
+        max_new_tokens=N_NEW,
+        beam_size=3,
+        logits_hook=hook,
+    )
+    assert not np.any(np.asarray(beams) == banned)
+
+
+def test_logits_hook_forces_a_prefix_and_sees_the_tokens_so_far():
+    """A forced prefix comes out first, and the continuation is the model's own after it
+    (greedy); a hook reading `tokens` (no repeats) works in greedy and beam search, over
+    (B, N) and (B * K, N) rows."""
+    lm, lm_params = _lm()
+    forced, _ = _text(lm, lm_params, logits_hook=_force_prefix, eos_id=None)
+    np.testing.assert_array_equal(np.asarray(forced)[:, :3], np.tile(PREFIX, (3, 1)))
+    # Greedy after the prefix equals greedy from the prompt with the prefix appended.
+    rows = [list(np.asarray(PROMPT[b, : LENGTHS[b]])) + list(PREFIX) for b in range(3)]
+    width = max(map(len, rows))
+    longer = jnp.asarray([r + [PAD] * (width - len(r)) for r in rows])
+    rest = generate_text(lm, lm_params, longer, LENGTHS + 3, eos_id=None, max_new_tokens=N_NEW - 3)
+    np.testing.assert_array_equal(np.asarray(forced)[:, 3:], rest)
+
+    mt, mt_params = _mt()
+    kwargs = dict(bos_id=BOS, eos_id=V - 1, max_new_tokens=N_NEW, beam_size=3)
+    beams = generate_translation(mt, mt_params, SOURCE, logits_hook=_force_prefix, **kwargs)
+    np.testing.assert_array_equal(np.asarray(beams)[:, :3], np.tile(PREFIX, (3, 1)))
+
+    def repeats(row):
+        real = row[row != PAD]
+        return len(set(real.tolist())) < len(real)
+
+    assert any(repeats(row) for row in np.asarray(_translate(mt, mt_params)[0]))
+    for tokens in (
+        _translate(mt, mt_params, logits_hook=_no_repeat)[0],
+        generate_translation(mt, mt_params, SOURCE, logits_hook=_no_repeat, **kwargs),
+    ):
+        assert not any(repeats(row) for row in np.asarray(tokens)), tokens
+
+
+def test_logits_hook_errors():
+    model, params = _lm()
+    with pytest.raises(ValueError, match="logits_hook must be a function"):
+        _text(model, params, logits_hook="ban 5")
+    with pytest.raises(ValueError, match=r"shape it was given, \(3, 23\); it returned \(3,\)"):
+        _text(model, params, logits_hook=lambda logits, tokens, step: logits[:, 0])
 
 
 def test_top_p_keeps_exactly_the_smallest_set_reaching_p():

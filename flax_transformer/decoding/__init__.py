@@ -10,14 +10,17 @@ generate   the public entry points `generate_translation`, `generate_text`
 from flax_transformer.decoding.cache import check_cache_room, init_cache, select_rows
 from flax_transformer.decoding.generate import generate_text, generate_translation
 from flax_transformer.decoding.sampling import (
+    MASKED_LOGIT,
     choose_tokens,
     filter_logits,
     top_k_mask,
     top_p_mask,
 )
-from flax_transformer.decoding.search import beam_search, length_penalty, sample_loop
+from flax_transformer.decoding.search import LogitsHook, beam_search, length_penalty, sample_loop
 
 __all__ = [
+    "MASKED_LOGIT",
+    "LogitsHook",
     "beam_search",
     "check_cache_room",
     "choose_tokens",

@@ -90,6 +90,16 @@ def check_options(
         )
 
 
+def check_logits_hook(fn: str, hook: Any) -> Any:
+    """The hook itself: None or a callable `(logits, tokens, step) -> logits`."""
+    if hook is not None and not callable(hook):
+        raise ValueError(
+            f"{fn}: logits_hook must be a function (logits, tokens, step) -> logits or None, "
+            f"got {type(hook).__name__}."
+        )
+    return hook
+
+
 def check_tokens(fn: str, name: str, tokens: Any, vocab: int) -> jax.Array:
     tokens = jnp.asarray(tokens)
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
