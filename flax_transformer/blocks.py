@@ -79,7 +79,7 @@ class _Residual:
 class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each in a residual branch.
 
-    Call: `(x (B, S, D), mask broadcastable to (B, N, S, S))` -> `((B, S, D), None)`; the
+    Call: `(x (B, S, D), mask (S, S) or (B|1, N|1, S, S))` -> `((B, S, D), None)`; the
     `(carry, None)` return lets `nn.scan` stack it.
     """
 
@@ -228,7 +228,7 @@ class Encoder(nn.Module):
     def __call__(
         self, src_BS: jax.Array, mask: jax.Array | None, *, deterministic: bool = True
     ) -> jax.Array:
-        """src ids `(B, S)`, mask broadcastable to `(B, N, S, S)` -> encoded `(B, S, D)`."""
+        """src ids `(B, S)`, mask `(S, S)` or `(B|1, N|1, S, S)` -> encoded `(B, S, D)`."""
         cfg = self.config
         x_BSD = _embed_tokens(cfg, self.embed, src_BS, deterministic, None)
         stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 1, deterministic=deterministic)

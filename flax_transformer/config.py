@@ -73,7 +73,9 @@ class TransformerConfig:
     # d_model ** -0.5 (0.0625 at d 256, the scale of Xavier/LeCun init that the Flax wmt
     # example and tensor2tensor use): attention starts nearly uniform.
     init_std: float = 0.02
-    attention_impl: str = "xla"  # 'xla' (our vmapped attention) or 'jax_nn'
+    # 'xla' (our vmapped attention) or 'jax_nn' (jax.nn.dot_product_attention; calls with
+    # attention dropout or a mutable 'intermediates' collection run 'xla', which has weights)
+    attention_impl: str = "xla"
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
     scan_layers: bool = False  # stack layers with nn.scan (compile time flat in depth)

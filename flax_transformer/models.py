@@ -7,7 +7,9 @@ sequence in one pass (a whole prompt: parallel prefill; or one token: a decoding
 writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `lengths[b]`
 (default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
 different lengths share one cache: the padding slots past `lengths[b]` are overwritten by
-the next tokens and never attended to.
+the next tokens and never attended to. New tokens that would not fit in the cache raise
+a ValueError where the cache index is concrete (`decoding.cache.check_cache_room`; under
+`jit` it is a tracer and the check cannot run: size the cache for every token).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.config import TransformerConfig
-from flax_transformer.decoding.cache import cache_length
+from flax_transformer.decoding.cache import cache_length, check_cache_room
 from flax_transformer.functional import causal_mask, combine_masks, padding_mask
 from flax_transformer.layers import Embed
 
@@ -55,7 +57,7 @@ def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) ->
 
 def _self_attention_mask(tokens_BT: jax.Array, pad_id: int, causal: bool) -> jax.Array:
     """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future)."""
-    keys_B11T = padding_mask(tokens_BT, pad_id)[:, None]
+    keys_B11T = padding_mask(tokens_BT, pad_id)
     return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None)
 
 
@@ -73,20 +75,21 @@ def _extend_decoder(
     batch, length = tokens_BT.shape
     index_B = cache["index"]
     chex.assert_shape(index_B, (batch,))
+    check_cache_room(cache, length, lengths_B)
     slots = cache_length(cache)
     config.check_length(slots, "cache")
     positions_BT = index_B[:, None] + jnp.arange(length)[None, :]
     # Query t of sequence b sees the cache slots up to its own position (causal over slots);
     # slots past it hold padding or nothing yet.
     self_mask_B1TL = jnp.arange(slots)[None, None, None, :] <= positions_BT[:, None, :, None]
-    cross_mask = None
+    cross_mask_B11S = None
     if "source_mask" in cache:
-        cross_mask = cache["source_mask"][:, None, None, :]  # (B, 1, 1, S)
+        cross_mask_B11S = cache["source_mask"][:, None, None, :]
     logits_BTV, decoder_cache = decoder(
         tokens_BT,
         encoded_BSD,
         self_mask_B1TL,
-        cross_mask,
+        cross_mask_B11S,
         positions_BT=positions_BT,
         cache=cache["decoder"],
         cache_index=index_B,
@@ -159,12 +162,12 @@ class Transformer(nn.Module):
         check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens")
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
-        cross_mask = padding_mask(src_BS, cfg.pad_id)[:, None]  # (B, 1, 1, S)
+        cross_mask_B11S = padding_mask(src_BS, cfg.pad_id)
         logits = self.decoder(
             tgt_BT,
             encoded_BSD,
             _self_attention_mask(tgt_BT, cfg.pad_id, True),
-            cross_mask,
+            cross_mask_B11S,
             deterministic=deterministic,
         )
         chex.assert_shape(logits, (*tgt_BT.shape, cfg.output_vocab_size))
@@ -202,8 +205,14 @@ class Transformer(nn.Module):
 
         Returns:
           `(logits (B, T, V) float32, cache)`; row `lengths_B[b] - 1` predicts the next token.
+
+        Raises:
+          ValueError: the prompt does not fit in the cache (checked before the encoder runs,
+            where the cache index is concrete; see `decoding.cache.check_cache_room` for
+            what happens under `jit`).
         """
         cfg = self.config
+        check_cache_room(cache, tgt_BT.shape[1], lengths_B)
         encoded_BSD = self.encode(src_BS)
         cache = {**cache, "source_mask": src_BS != cfg.pad_id}
         vocab = cfg.output_vocab_size
@@ -215,6 +224,7 @@ class Transformer(nn.Module):
         """Decoder over `tgt_BT` `(B, T)` after a `prefill`: `(logits (B, T, V), cache)`.
 
         The encoder output is not needed: cross-attention reads its cached keys/values.
+        Raises ValueError, as `DecoderOnlyTransformer.extend`, if the tokens do not fit.
         """
         cfg = self.config
         vocab = cfg.output_vocab_size
@@ -267,6 +277,13 @@ class DecoderOnlyTransformer(nn.Module):
         Returns:
           `(logits (B, T, V) float32, cache)`; logits at row `lengths_B[b] - 1` predict the
           next token of sequence b.
+
+        Raises:
+          ValueError: the new tokens do not fit, `index[b] + lengths_B[b]` exceeds the
+            cache's L slots (it names L, the index and the count). Checked where the cache
+            index is a concrete array; under `jit` it is a tracer, nothing can be checked,
+            and writes past slot L - 1 are dropped (a silent wrong result), so size the
+            cache with `init_cache(config, B, L)` for every token, as `generate_text` does.
         """
         cfg = self.config
         return _extend_decoder(self.decoder, cfg, cfg.vocab_size, tokens_BT, cache, lengths_B, None)

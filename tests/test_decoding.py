@@ -22,6 +22,7 @@ from flax_transformer import (
     generate_translation,
 )
 from flax_transformer.decoding import (
+    MASKED_LOGIT,
     beam_search,
     init_cache,
     length_penalty,
@@ -200,6 +201,38 @@ def test_extend_in_chunks_equals_forward():
     np.testing.assert_array_equal(cache["index"], [7, 7, 7])
 
 
+def test_cache_overflow_raises():
+    """Issue 16: a 6-token prompt into a 4-slot cache, or a step past the last slot, used to
+    write past the end silently. Exact fills work; ragged prompts count their real tokens."""
+    model, params = _lm()
+    extend = functools.partial(model.apply, params, method="extend")
+    with pytest.raises(ValueError, match=r"cache has 4 slots, sequence 0 has filled 0 .* 6 new"):
+        extend(PROMPT, init_cache(CONFIG, 3, 4))
+    logits, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4))  # exactly full
+    chex.assert_shape(logits, (3, 4, V))
+    np.testing.assert_array_equal(cache["index"], [4, 4, 4])
+    with pytest.raises(ValueError, match=r"sequence 0 has filled 4 .* 1 new tokens would need 5"):
+        extend(PROMPT[:, :1], cache)
+    # Ragged prompts: rows 1 and 2 have room for one more token, row 0 has not.
+    _, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([4, 3, 3]))
+    with pytest.raises(ValueError, match=r"sequence 0 has filled 4"):
+        extend(PROMPT[:, :1], cache)
+    _, cache = extend(PROMPT[:, :1], cache, jnp.array([0, 1, 1]))
+    np.testing.assert_array_equal(cache["index"], [4, 4, 4])
+    with pytest.raises(
+        ValueError, match=r"lengths_B=\[5, 1, 1\] must hold one count in \[0, T=4\]"
+    ):
+        extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([5, 1, 1]))
+
+    mt, mt_params = _mt()
+    prefill = functools.partial(mt.apply, mt_params, method="prefill")
+    with pytest.raises(ValueError, match=r"cache has 2 slots, sequence 0 has filled 0 .* 3 new"):
+        prefill(SOURCE, PROMPT[:, :3], init_cache(CONFIG, 3, 2, source_length=7))
+    _, cache = prefill(SOURCE, PROMPT[:, :2], init_cache(CONFIG, 3, 2, source_length=7))
+    with pytest.raises(ValueError, match=r"filled 2 .* 1 new tokens would need 3"):
+        mt.apply(mt_params, PROMPT[:, :1], cache, method="extend")
+
+
 def test_cache_trees_for_unrolled_and_scanned_stacks():
     cache = init_cache(CONFIG, 2, 9, source_length=5)
     layer = cache["decoder"]["layers_1"]
@@ -338,6 +371,96 @@ def test_sampling():
     assert not np.array_equal(tokens, greedy)
 
 
+# logits_hook tests: module-level hooks, so each (hook, options) pair compiles once.
+PREFIX = (7, 8, 9)
+
+
+def _force_prefix(logits_RV, tokens_RN, step):
+    """Steps 0..2 may emit only PREFIX[step]; later steps are free."""
+    del tokens_RN
+    want = jnp.asarray(PREFIX)[jnp.minimum(step, len(PREFIX) - 1)]
+    only_RV = jnp.where(jnp.arange(logits_RV.shape[-1]) == want, logits_RV, MASKED_LOGIT)
+    return jnp.where(step < len(PREFIX), only_RV, logits_RV)
+
+
+def _no_repeat(logits_RV, tokens_RN, step):
+    """Ban every token already generated (pad included: generation never emits it)."""
+    del step
+    rows_R1 = jnp.arange(logits_RV.shape[0])[:, None]
+    seen_RV = jnp.zeros(logits_RV.shape, bool).at[rows_R1, tokens_RN].set(True)
+    return jnp.where(seen_RV, MASKED_LOGIT, logits_RV)
+
+
+def _ban(token):
+    return lambda logits_RV, tokens_RN, step: logits_RV.at[:, token].set(MASKED_LOGIT)
+
+
+def test_logits_hook_bans_a_token():
+    """Issue 16: a banned token never appears, in greedy, sampled and beam decoding; the
+    hook runs inside the compiled loop and its logits are what `return_logits` shows."""
+    model, params = _lm()
+    greedy = np.asarray(_text(model, params)[0])
+    banned = int(np.bincount(greedy.ravel(), minlength=V)[1 : V - 1].argmax()) + 1
+    assert np.any(greedy == banned)  # the token greedy decoding likes most
+    hook = _ban(banned)
+    tokens, logits = _text(model, params, logits_hook=hook)
+    assert not np.any(np.asarray(tokens) == banned)
+    np.testing.assert_array_equal(np.asarray(logits)[..., banned], np.float32(MASKED_LOGIT))
+    key = jax.random.key(5)
+    sampled, _ = _text(model, params, logits_hook=hook, temperature=1.5, rng=key)
+    assert not np.any(np.asarray(sampled) == banned)
+    beams = generate_text(
+        model,
+        params,
+        PROMPT,
+        LENGTHS,
+        eos_id=V - 1,
+        max_new_tokens=N_NEW,
+        beam_size=3,
+        logits_hook=hook,
+    )
+    assert not np.any(np.asarray(beams) == banned)
+
+
+def test_logits_hook_forces_a_prefix_and_sees_the_tokens_so_far():
+    """A forced prefix comes out first, and the continuation is the model's own after it
+    (greedy); a hook reading `tokens` (no repeats) works in greedy and beam search, over
+    (B, N) and (B * K, N) rows."""
+    lm, lm_params = _lm()
+    forced, _ = _text(lm, lm_params, logits_hook=_force_prefix, eos_id=None)
+    np.testing.assert_array_equal(np.asarray(forced)[:, :3], np.tile(PREFIX, (3, 1)))
+    # Greedy after the prefix equals greedy from the prompt with the prefix appended.
+    rows = [list(np.asarray(PROMPT[b, : LENGTHS[b]])) + list(PREFIX) for b in range(3)]
+    width = max(map(len, rows))
+    longer = jnp.asarray([r + [PAD] * (width - len(r)) for r in rows])
+    rest = generate_text(lm, lm_params, longer, LENGTHS + 3, eos_id=None, max_new_tokens=N_NEW - 3)
+    np.testing.assert_array_equal(np.asarray(forced)[:, 3:], rest)
+
+    mt, mt_params = _mt()
+    kwargs = dict(bos_id=BOS, eos_id=V - 1, max_new_tokens=N_NEW, beam_size=3)
+    beams = generate_translation(mt, mt_params, SOURCE, logits_hook=_force_prefix, **kwargs)
+    np.testing.assert_array_equal(np.asarray(beams)[:, :3], np.tile(PREFIX, (3, 1)))
+
+    def repeats(row):
+        real = row[row != PAD]
+        return len(set(real.tolist())) < len(real)
+
+    assert any(repeats(row) for row in np.asarray(_translate(mt, mt_params)[0]))
+    for tokens in (
+        _translate(mt, mt_params, logits_hook=_no_repeat)[0],
+        generate_translation(mt, mt_params, SOURCE, logits_hook=_no_repeat, **kwargs),
+    ):
+        assert not any(repeats(row) for row in np.asarray(tokens)), tokens
+
+
+def test_logits_hook_errors():
+    model, params = _lm()
+    with pytest.raises(ValueError, match="logits_hook must be a function"):
+        _text(model, params, logits_hook="ban 5")
+    with pytest.raises(ValueError, match=r"shape it was given, \(3, 23\); it returned \(3,\)"):
+        _text(model, params, logits_hook=lambda logits, tokens, step: logits[:, 0])
+
+
 def test_top_p_keeps_exactly_the_smallest_set_reaching_p():
     probs = np.array([0.1, 0.4, 0.2, 0.3])  # sorted: 0.4, 0.3, 0.2, 0.1
     logits = jnp.log(jnp.asarray(probs))
@@ -423,6 +546,8 @@ def test_bad_inputs_raise_before_compute():
         (dict(temperature=-1.0), "temperature=-1.0 must be >= 0"),
         (dict(temperature=0.8), r"needs a PRNG key: pass rng=jax.random.key\(0\)"),
         (dict(beam_size=2, temperature=0.8), "beam search .* is deterministic"),
+        (dict(top_k=5), "do nothing with greedy decoding"),
+        (dict(top_p=0.9), r"top_p=0.9 narrow .* do nothing with greedy decoding"),
         (dict(eos_id=V), f"eos_id={V} must be a token id"),
         (dict(eos_id=PAD), "equals pad_id"),
         (dict(beam_size=2, return_logits=True), "return_logits=True is for beam_size=1"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import chex
 import flax.linen as nn
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import parameterized
+from jax.test_util import check_grads
 
 from flax_transformer.functional import (
     causal_mask,
@@ -119,7 +121,8 @@ class MultiHeadAttentionTest(chex.TestCase):
         tokens = np.array([[5, 3, 8, 0, 0, 0], [7, 1, 2, 9, 4, 0]])
         # Huge scores on the padded keys: they must still get exactly 0, not just ~0.
         k[0, 3:], k[1, 5:] = 100.0, 100.0
-        mask = padding_mask(tokens, pad_id=0)[:, None]  # (B, 1, 1, S)
+        mask = padding_mask(tokens, pad_id=0)
+        chex.assert_shape(mask, (2, 1, 1, 6))
         out, weights = self.variant(multi_head_attention)(q, k, v, mask)
         chex.assert_shape(out, (2, 5, 3, 6))
         weights = np.asarray(weights)
@@ -142,6 +145,21 @@ class MultiHeadAttentionTest(chex.TestCase):
         q, k, v = _qkv(6)
         with self.assertRaisesRegex(ValueError, r"mask\.shape=\(2, 1, 5, 6\)"):
             multi_head_attention(q, k, v, np.ones((2, 1, 5, 6), bool))
+
+    @parameterized.named_parameters(
+        ("rank1", (7,)), ("rank3", (2, 5, 7)), ("rank5", (1, 2, 1, 5, 7))
+    )
+    def test_mask_of_rank_other_than_2_or_4_raises(self, shape):
+        """A (B, T, S) mask would broadcast its batch axis against the heads: refused."""
+        q, k, v = _qkv(6, b=3, n=3)
+        pattern = rf"mask\.shape={re.escape(str(shape))} has rank {len(shape)}.*rank 2.*rank 4"
+        with self.assertRaisesRegex(ValueError, pattern):
+            multi_head_attention(q, k, v, np.ones(shape, bool))
+
+    def test_rank3_error_says_how_to_fix_it(self):
+        q, k, v = _qkv(6, b=3, n=3)
+        with self.assertRaisesRegex(ValueError, r"heads N, not the batch B.*mask\[:, None\]"):
+            multi_head_attention(q, k, v, np.ones((3, 5, 7), bool))
 
     def test_rank_errors_name_the_shape(self):
         q, k, v = _qkv(6)
@@ -252,6 +270,17 @@ class DotProductAttentionTest(chex.TestCase):
         with self.assertRaisesRegex(ValueError, r"x_TD\.shape=\(2, 3, 4\)"):
             simple_self_attention(np.ones((2, 3, 4)))
 
+    def test_mask_must_be_rank2(self):
+        q, k, v = _single_qkv(12)
+        keys = np.array([1, 1, 0, 1, 0, 1], bool)
+        _, weights = dot_product_attention(q, k, v, keys[None, :])  # (1, S): a key mask
+        np.testing.assert_array_equal(np.asarray(weights)[:, ~keys], 0.0)
+        for shape in [(6,), (1, 5, 6)]:
+            with self.assertRaisesRegex(ValueError, r"mask must have rank 2, \(T, S\)"):
+                dot_product_attention(q, k, v, np.ones(shape, bool))
+        with self.assertRaisesRegex(ValueError, r"does not broadcast to \(T, S\)=\(5, 6\)"):
+            dot_product_attention(q, k, v, np.ones((5, 4), bool))
+
     @parameterized.named_parameters(
         ("q_rank3", (1, 3, 4), (5, 4), (5, 6), r"q\.shape=\(1, 3, 4\)"),
         ("k_rank1", (3, 4), (4,), (5, 6), r"k\.shape=\(4,\)"),
@@ -263,6 +292,35 @@ class DotProductAttentionTest(chex.TestCase):
         q, k, v = np.ones(q_shape), np.ones(k_shape), np.ones(v_shape)
         with self.assertRaisesRegex(ValueError, pattern):
             dot_product_attention(q, k, v)
+
+
+def _enable_x64():
+    """`jax_enable_x64` as a context manager, in this jax (`jax.enable_x64`) or an older one."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+
+    return enable_x64()
+
+
+class Float64Test(chex.TestCase):
+    """Softmax in float32 *or wider*: float64 inputs stay float64, so gradients check."""
+
+    def test_float64_keeps_float64_and_gradients_check(self):
+        q, k, v = _qkv(13, dtype=np.float64)
+        mask = _random_mask(14, (2, 1, 5, 7))
+        with _enable_x64():
+            q, k, v = (jnp.asarray(a, jnp.float64) for a in (q, k, v))
+            out, weights = multi_head_attention(q, k, v, mask)
+            chex.assert_type([out, weights], jnp.float64)
+
+            def f(q, k, v):
+                out, weights = multi_head_attention(q, k, v, mask)
+                return jnp.sum(out * jnp.cos(out)) + jnp.sum(weights**2)
+
+            check_grads(jax.jit(f), (q, k, v), order=2, modes=["rev"])
+            single = lambda q, k, v: dot_product_attention(q, k, v, causal_mask(5))
+            check_grads(jax.jit(single), (q[0, :, 0], k[0, :5, 0], v[0, :5, 0]), 1)
 
 
 class MasksTest(chex.TestCase):
@@ -281,19 +339,23 @@ class MasksTest(chex.TestCase):
     def test_padding_mask(self):
         tokens = jnp.array([[4, 9, 0, 0], [3, 3, 3, 0]])
         mask = padding_mask(tokens)
-        chex.assert_shape(mask, (2, 1, 4))
         chex.assert_type(mask, jnp.bool_)
-        np.testing.assert_array_equal(mask[:, 0], [[1, 1, 0, 0], [1, 1, 1, 0]])
-        chex.assert_shape(padding_mask(tokens[0]), (1, 4))
-        np.testing.assert_array_equal(padding_mask(tokens, pad_id=3)[1, 0], [0, 0, 0, 1])
+        np.testing.assert_array_equal(mask[:, 0, 0], [[1, 1, 0, 0], [1, 1, 1, 0]])
+        chex.assert_shape(mask, (2, 1, 1, 4))
+        chex.assert_shape(padding_mask(tokens[0]), (1, 4))  # one sequence: a (T, S) key mask
+        np.testing.assert_array_equal(padding_mask(tokens, pad_id=3)[1, 0, 0], [0, 0, 0, 1])
+        with self.assertRaisesRegex(
+            ValueError, r"\(B, S\) or \(S,\), got tokens.shape=\(1, 2, 4\)"
+        ):
+            padding_mask(tokens[None])
 
     def test_combine_masks(self):
         assert combine_masks() is None
         assert combine_masks(None, None) is None
-        pad = padding_mask(jnp.array([[4, 9, 0], [3, 0, 0]]))  # (2, 1, 3)
+        pad = padding_mask(jnp.array([[4, 9, 0], [3, 0, 0]]))  # (2, 1, 1, 3)
         chex.assert_trees_all_equal(combine_masks(None, pad, None), pad)
         both = combine_masks(pad, None, causal_mask(3))
-        chex.assert_shape(both, (2, 3, 3))
+        chex.assert_shape(both, (2, 1, 3, 3))  # (B, N=1, T, S): the batch stays on axis 0
         chex.assert_type(both, jnp.bool_)
         np.testing.assert_array_equal(both, np.asarray(pad) & np.tril(np.ones((3, 3), bool)))
         as_int = combine_masks(jnp.array([[1, 0], [2, 1]]))  # non-zero ints count as True

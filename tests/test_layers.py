@@ -13,8 +13,10 @@ from flax_transformer import (
     MultiHeadAttention,
     PositionalEncoding,
     causal_mask,
+    combine_masks,
     dot_product_attention,
     layer_norm,
+    padding_mask,
     sinusoidal_positions,
 )
 
@@ -125,6 +127,32 @@ def test_sown_weights_equal_functional_weights():
     assert "intermediates" not in state
 
 
+def test_causal_and_padding_mask_is_per_example_not_per_head():
+    """Issue 16: `combine_masks(causal_mask(T), padding_mask(tokens))` used to be (B, T, S),
+    which broadcasting against (B, N, T, S) applied to head b, not example b. Now it is
+    (B, 1, T, S), each example's output equals running that example alone, and a rank-3
+    mask raises."""
+    tok = jnp.array([[5, 6, 0, 0], [5, 6, 7, 0], [5, 0, 0, 0], [5, 6, 7, 8]])
+    lengths = [2, 3, 1, 4]
+    x = jax.random.normal(jax.random.key(16), (4, 4, 32))
+    module = MultiHeadAttention(num_heads=4)
+    params = _init(module, x)
+    apply = jax.jit(module.apply)
+    mask = combine_masks(causal_mask(4), padding_mask(tok))
+    chex.assert_shape(mask, (4, 1, 4, 4))
+    batched = apply(params, x, mask=mask)
+    for b, n in enumerate(lengths):
+        alone = module.apply(params, x[b : b + 1, :n], mask=causal_mask(n))
+        chex.assert_trees_all_close(batched[b, :n], alone[0], atol=1e-5)
+    rank3 = combine_masks(causal_mask(4), (tok != 0)[:, None, :])  # the old (B, T, S) shape
+    chex.assert_shape(rank3, (4, 4, 4))
+    for impl in ("xla", "jax_nn"):
+        with pytest.raises(ValueError, match=r"rank 3.*mask\[:, None\]"):
+            MultiHeadAttention(num_heads=4, impl=impl).apply(params, x, mask=rank3)
+    # The fix the message names gives the right answer.
+    chex.assert_trees_all_close(apply(params, x, mask=rank3[:, None]), batched)
+
+
 def test_jax_nn_attention_impl_matches_xla():
     x = jax.random.normal(jax.random.key(6), (B, T, D))
     mask = causal_mask(T)
@@ -134,6 +162,30 @@ def test_jax_nn_attention_impl_matches_xla():
     chex.assert_trees_all_close(
         ours.apply(params, x, mask=mask), theirs.apply(params, x, mask=mask), atol=1e-5
     )
+
+
+def test_jax_nn_impl_sows_weights_by_running_ours(monkeypatch):
+    """jax.nn.dot_product_attention returns no weights: with 'intermediates' mutable, the
+    'jax_nn' module runs our formula for that call and sows the same weights as 'xla'."""
+    x = jax.random.normal(jax.random.key(9), (B, T, D))
+    mask = causal_mask(T)
+    ours = MultiHeadAttention(num_heads=N)
+    params = _init(ours, x)
+    theirs = MultiHeadAttention(num_heads=N, impl="jax_nn")
+    calls = []
+    original = jax.nn.dot_product_attention
+    monkeypatch.setattr(
+        jax.nn, "dot_product_attention", lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    )
+    y_ours, state_ours = ours.apply(params, x, mask=mask, mutable=["intermediates"])
+    y, state = theirs.apply(params, x, mask=mask, mutable=["intermediates"])
+    (weights,) = state["intermediates"]["attention_weights"]
+    chex.assert_shape(weights, (B, N, T, T))
+    chex.assert_trees_all_close((y, state), (y_ours, state_ours), atol=1e-6)
+    assert not calls
+    # Without the collection it runs jax.nn (and sows nothing).
+    _, state = theirs.apply(params, x, mask=mask, mutable=[])
+    assert "intermediates" not in state and len(calls) == 1
 
 
 def test_bf16_compute_keeps_float32_params_and_softmax():

@@ -187,6 +187,37 @@ def test_language_model_run_reports_bits_per_char(tmp_path):
     assert results["samples"][0]["model"].startswith("ab cd")
 
 
+def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
+    """generate_text refuses top_k/top_p with temperature 0; the program's greedy samples
+    (configs/lm_kjv.py has top_k=40) pass them only when it samples."""
+    import ml_collections
+
+    from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
+    from train.tokenizer import ByteTokenizer
+
+    tokenizer = ByteTokenizer()
+    model = DecoderOnlyTransformer(
+        TransformerConfig(
+            vocab_size=tokenizer.vocab_size,
+            d_model=16,
+            num_heads=2,
+            d_ff=32,
+            num_layers=1,
+            max_len=16,
+        )
+    )
+    params = jax.jit(model.init)(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
+    config = ml_collections.ConfigDict(
+        dict(max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0)
+    )
+    (text,) = evaluate.sample_text(model, params, tokenizer, ["ab"], config)
+    prompt = np.array([[tokenizer.bos_id, *tokenizer.encode("ab")]])
+    greedy = generate_text(
+        model, {"params": params}, prompt, eos_id=tokenizer.eos_id, max_new_tokens=5
+    )
+    assert text == tokenizer.decode(tokenizer.encode("ab") + np.asarray(greedy)[0].tolist())
+
+
 def test_resume_refuses_a_changed_model(trained_run, tmp_path):
     config, workdir, _ = trained_run
     copy = tmp_path / "copy"

@@ -148,7 +148,8 @@ def sample_text(
         params: its parameters.
         tokenizer: the run's tokenizer.
         prompts: text prompts; each is fed as BOS + its tokens.
-        config: max_len, max_decode_len, temperature, top_k, top_p.
+        config: max_len, max_decode_len, temperature, top_k, top_p (the last two only
+            when temperature > 0: greedy decoding has nothing for them to filter).
         rng: PRNG key for sampling (default: key(config.seed)).
         max_new_tokens: tokens to generate (default: max_decode_len, or as many as fit).
 
@@ -167,7 +168,14 @@ def sample_text(
             f"A prompt of {longest - 1} tokens leaves room for {room} new tokens within "
             f"max_len={config.max_len}, but {max_new} were asked; shorten the prompt."
         )
-    rng = jax.random.key(config.seed) if rng is None else rng
+    sampling = {}
+    if config.temperature > 0:  # greedy otherwise: top_k/top_p would be refused, not ignored
+        sampling = dict(
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            rng=jax.random.key(config.seed) if rng is None else rng,
+        )
     generated = generate_text(
         model,
         {"params": params},
@@ -175,10 +183,7 @@ def sample_text(
         np.asarray([len(r) for r in rows], np.int32),
         eos_id=tokenizer.eos_id,
         max_new_tokens=max_new,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        rng=rng if config.temperature > 0 else None,
+        **sampling,
     )
     generated = np.asarray(jax.device_get(generated))
     return [

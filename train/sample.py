@@ -46,6 +46,14 @@ def main(argv: list[str]) -> None:
         for name in ("temperature", "top_k", "top_p"):
             if getattr(FLAGS, name) is not None:
                 config[name] = getattr(FLAGS, name)
+    asked_filter = FLAGS.top_k or (FLAGS.top_p is not None and FLAGS.top_p < 1.0)
+    if config.temperature == 0 and asked_filter:
+        # The run's own top_k/top_p are dropped for greedy decoding; explicit flags are a
+        # mistake worth naming.
+        die(
+            f"--top_k={FLAGS.top_k} / --top_p={FLAGS.top_p} do nothing with greedy decoding "
+            "(temperature 0); add --temperature (e.g. 0.8) to sample."
+        )
     prompts = [p for p in FLAGS.prompt for _ in range(FLAGS.num_samples)]
     try:
         outputs = evaluate.sample_text(

@@ -1,24 +1,28 @@
 """Generation for both models: KV cache, parallel prefill, greedy, sampling, beam search.
 
-cache      the KV cache pytree: `init_cache`, `select_rows`
+cache      the KV cache pytree: `init_cache`, `select_rows`, `check_cache_room`
 sampling   pure logits filters: temperature, `top_k_mask`, `top_p_mask`, `choose_tokens`
 steppers   one step interface over both models, with or without the cache
 search     the jitted loops: `sample_loop` (greedy / sampling), `beam_search`
 generate   the public entry points `generate_translation`, `generate_text`
 """
 
-from flax_transformer.decoding.cache import init_cache, select_rows
+from flax_transformer.decoding.cache import check_cache_room, init_cache, select_rows
 from flax_transformer.decoding.generate import generate_text, generate_translation
 from flax_transformer.decoding.sampling import (
+    MASKED_LOGIT,
     choose_tokens,
     filter_logits,
     top_k_mask,
     top_p_mask,
 )
-from flax_transformer.decoding.search import beam_search, length_penalty, sample_loop
+from flax_transformer.decoding.search import LogitsHook, beam_search, length_penalty, sample_loop
 
 __all__ = [
+    "MASKED_LOGIT",
+    "LogitsHook",
     "beam_search",
+    "check_cache_room",
     "choose_tokens",
     "filter_logits",
     "generate_text",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from flax_transformer.config import TransformerConfig
 
@@ -88,6 +89,50 @@ def cache_length(cache: dict) -> int:
     first_layer = next(iter(cache["decoder"].values()))
     # Keys are (B, N, L, H), after a leading layer axis under nn.scan.
     return first_layer["self_attention"]["k"].shape[-2]
+
+
+def check_cache_room(cache: dict, length: int, lengths_B: jax.Array | None = None) -> None:
+    """Raise ValueError if `length` new tokens per sequence do not fit in the cache.
+
+    Sequence b writes its new tokens at slots `index[b], index[b] + 1, ...`; its real ones,
+    `lengths_B[b]` of them (default `length`), must end by slot L - 1. (Right-padding past
+    `lengths_B[b]` may fall off the end: it is never attended to.)
+
+    The check runs where `cache['index']` (and `lengths_B`) are concrete arrays, as
+    `models.check_tokens` checks token ids. Under `jit` they are tracers and nothing is
+    checked: writes past the last slot are then dropped, and the new tokens attend to a
+    cache without their own keys, a silent wrong result. Size the cache for the longest
+    prompt plus every token to generate, `init_cache(config, B, L)`, as the `generate_*`
+    functions do.
+
+    Args:
+      cache: the cache of the module docstring.
+      length: T, the new tokens per sequence of this call.
+      lengths_B: int `(B,)`, the real ones among them, each in [0, T]; None: all T.
+    """
+    index_B = cache["index"]
+    if any(isinstance(x, jax.core.Tracer) for x in (index_B, lengths_B)):
+        return
+    slots = cache_length(cache)
+    index_B = np.asarray(index_B)
+    if lengths_B is None:
+        new_B = np.full(index_B.shape, length)
+    else:
+        new_B = np.asarray(lengths_B)
+        if new_B.shape != index_B.shape or new_B.min() < 0 or new_B.max() > length:
+            raise ValueError(
+                f"lengths_B={new_B.tolist()} must hold one count in [0, T={length}] per "
+                f"sequence (B={index_B.shape[0]}): the real tokens of each row of this call."
+            )
+    end_B = index_B + new_B
+    if end_B.max() > slots:
+        b = int(np.argmax(end_B))
+        raise ValueError(
+            f"KV cache overflow: the cache has {slots} slots, sequence {b} has filled "
+            f"{int(index_B[b])} (cache index) and {int(new_B[b])} new tokens would need "
+            f"{int(end_B[b])}. Build the cache with init_cache(config, batch, length) for a "
+            f"length >= {int(end_B.max())}: the prompt plus every token to generate."
+        )
 
 
 def select_rows(cache: dict, rows_R: jax.Array) -> dict:

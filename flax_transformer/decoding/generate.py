@@ -16,8 +16,10 @@ import jax.numpy as jnp
 
 from flax_transformer.decoding import search
 from flax_transformer.decoding.sampling import choose_tokens
+from flax_transformer.decoding.search import LogitsHook
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 from flax_transformer.decoding.validation import (
+    check_logits_hook,
     check_options,
     check_prompt_lengths,
     check_tokens,
@@ -55,6 +57,7 @@ def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, r
         "filter_top_p",
         "use_cache",
         "return_logits",
+        "logits_hook",
     ),
 )
 def _generate(
@@ -77,11 +80,13 @@ def _generate(
     filter_top_p,
     use_cache,
     return_logits,
+    logits_hook,
 ):
     """The whole generation, traced once per input shape and static option.
 
     Token ids, temperature, top_p and the length penalty are traced values: changing them
-    reuses the compiled program. `eos_id` is None or an int32 scalar.
+    reuses the compiled program. `eos_id` is None or an int32 scalar. `logits_hook` is
+    static (hashed by identity): the same function reuses the program.
     """
     if kind == "translation":
         stepper = translation_stepper(model, params, tokens_BP, bos_id, max_new_tokens, use_cache)
@@ -96,6 +101,7 @@ def _generate(
             eos_id=eos_id,
             pad_id=pad_id,
             alpha=length_penalty,
+            logits_hook=logits_hook,
         )
     choose = _chooser(sample, top_k, filter_top_p, temperature, top_p, rng)
     return search.sample_loop(
@@ -105,6 +111,7 @@ def _generate(
         eos_id=eos_id,
         pad_id=pad_id,
         return_logits=return_logits,
+        logits_hook=logits_hook,
     )
 
 
@@ -134,6 +141,7 @@ def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_log
         filter_top_p=sample and top_p < 1.0,
         use_cache=options["use_cache"],
         return_logits=return_logits,
+        logits_hook=options["logits_hook"],
     )
 
 
@@ -153,6 +161,7 @@ def generate_translation(
     rng: jax.Array | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    logits_hook: LogitsHook | None = None,
 ):
     """Translate a batch of source sentences with an encoder-decoder `Transformer`.
 
@@ -171,16 +180,29 @@ def generate_translation(
         beam is exactly greedy decoding, so 1 runs the cheaper greedy loop).
       length_penalty: beam search's GNMT exponent alpha (0: raw log-probability).
       temperature: 0.0 for greedy; > 0 samples from softmax(logits / temperature).
-      top_k: when sampling, keep only the k most likely tokens (0: all).
+      top_k: when sampling, keep only the k most likely tokens (0: all). Sampling only:
+        with temperature=0 a top_k or top_p other than off raises ValueError.
       top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
       rng: PRNG key, required when sampling.
       use_cache: False recomputes the full model every step (slow; the reference).
       return_logits: also return each step's logits `(B, N, V)` (beam_size=1 only).
+      logits_hook: None, or a jittable function `(logits, tokens, step) -> logits` applied
+        to every step's logits inside the compiled loop, before argmax, sampling (and its
+        temperature, top-k, top-p) or beam scoring: constrained or banned-token decoding.
+        It receives float32 `logits (R, V)`; int32 `tokens (R, N)`, the tokens generated so
+        far (BOS or prompt excluded), `config.pad_id` from column `step` on; and `step`, an
+        int32 scalar, the index of the token being chosen (0 for the first). R = B for
+        greedy decoding and sampling; R = B * K for beam search, row `b * K + k` holding
+        hypothesis k of sequence b. It returns logits of the same shape (ValueError
+        otherwise). To forbid a token, set its logit to `decoding.MASKED_LOGIT` (finite:
+        -inf can turn beam scores into NaN); padding is forbidden after the hook. The hook
+        is a static argument of the jitted program, compared by identity: pass the same
+        function object to reuse the compiled program (a new lambda compiles anew).
 
     Returns:
       int32 `(B, N)`: the generated tokens after BOS, EOS included where produced, then
       `config.pad_id`. With `return_logits`, the pair `(tokens, logits (B, N, V) float32)`,
-      row i holding the logits that chose token i.
+      row i holding the logits that chose token i (after `logits_hook`).
 
     Example:
       tokens = generate_translation(model, params, src, bos_id=1, eos_id=2,
@@ -218,7 +240,7 @@ def generate_translation(
             f"{fn}: BOS + max_new_tokens={max_new_tokens} tokens exceed TransformerConfig."
             f"max_len={cfg.max_len}; lower max_new_tokens to at most {cfg.max_len - 1}."
         )
-    options["use_cache"] = use_cache
+    options.update(use_cache=use_cache, logits_hook=check_logits_hook(fn, logits_hook))
     return _run(model, params, src, None, "translation", bos_id, options, return_logits)
 
 
@@ -238,6 +260,7 @@ def generate_text(
     rng: jax.Array | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
+    logits_hook: LogitsHook | None = None,
 ):
     """Continue a batch of prompts with a `DecoderOnlyTransformer`.
 
@@ -253,8 +276,9 @@ def generate_text(
         tokens must not be `pad_id`, which the model masks.
       eos_id: stop a sequence after this token; None runs every sequence N tokens.
       max_new_tokens: N; `P + N <= config.max_len`.
-      beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache, return_logits:
-        as in `generate_translation`.
+      beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache, return_logits,
+      logits_hook: as in `generate_translation` (`tokens` holds the continuation only, not
+        the prompt).
 
     Returns:
       int32 `(B, N)`: the continuation tokens, EOS included where produced, then pad; with
@@ -292,5 +316,5 @@ def generate_text(
             f"TransformerConfig.max_len={cfg.max_len}; shorten the prompt or lower "
             "max_new_tokens."
         )
-    options["use_cache"] = use_cache
+    options.update(use_cache=use_cache, logits_hook=check_logits_hook(fn, logits_hook))
     return _run(model, params, prompt, lengths, "text", None, options, return_logits)

@@ -18,9 +18,30 @@ from flax_transformer.decoding.steppers import Stepper
 # GNMT length penalty (Wu et al. 2016, eq. 14): lp(n) = ((BASE + n) / (BASE + 1)) ** alpha.
 LENGTH_PENALTY_BASE = 5.0
 
+# `(logits (R, V) float32, tokens so far (R, N) int32, step () int32) -> logits (R, V)`.
+LogitsHook = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
 
 def _is_eos(tokens: jax.Array, eos_id: int | None) -> jax.Array:
     return jnp.zeros(tokens.shape, jnp.bool_) if eos_id is None else tokens == eos_id
+
+
+def _apply_hook(
+    hook: LogitsHook | None, logits_RV: jax.Array, tokens_RN: jax.Array, step
+) -> jax.Array:
+    """`hook(logits, tokens, step)` as float32 logits of the same shape (None: unchanged).
+
+    Raises ValueError (at trace time, before any compute) if the hook changes the shape.
+    """
+    if hook is None:
+        return logits_RV
+    hooked_RV = jnp.asarray(hook(logits_RV, tokens_RN, jnp.asarray(step, jnp.int32)))
+    if hooked_RV.shape != logits_RV.shape:
+        raise ValueError(
+            f"logits_hook must return logits of the shape it was given, {logits_RV.shape}; "
+            f"it returned {hooked_RV.shape}."
+        )
+    return hooked_RV.astype(jnp.float32)
 
 
 def sample_loop(
@@ -31,6 +52,7 @@ def sample_loop(
     eos_id: int | None,
     pad_id: int,
     return_logits: bool = False,
+    logits_hook: LogitsHook | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Generate up to `max_new_tokens` per sequence, one `choose` per step.
 
@@ -41,16 +63,21 @@ def sample_loop(
       max_new_tokens: N.
       eos_id: sequences stop after producing it; None: never.
       pad_id: written after EOS; never generated.
-      return_logits: also return the model's logits at each step.
+      return_logits: also return the logits at each step.
+      logits_hook: optional `(logits (B, V), tokens (B, N), step) -> logits (B, V)` applied
+        to every step's logits before `choose`; `tokens` holds the tokens chosen so far,
+        `pad_id` from column `step` on.
 
     Returns:
       int32 tokens `(B, N)`; with `return_logits`, also float32 `(B, N, V)`: row i the
-      logits that chose token i (undefined after a sequence's EOS).
+      logits that chose token i, after `logits_hook` (undefined after a sequence's EOS).
     """
     logits_BV, state = stepper.start()
     batch, vocab = logits_BV.shape
+    out_BN = jnp.full((batch, max_new_tokens), pad_id, jnp.int32)
+    logits_BV = _apply_hook(logits_hook, logits_BV, out_BN, 0)
     tokens_B = choose(mask_token(logits_BV, pad_id), 0)
-    out_BN = jnp.full((batch, max_new_tokens), pad_id, jnp.int32).at[:, 0].set(tokens_B)
+    out_BN = out_BN.at[:, 0].set(tokens_B)
     seen_BNV = None
     if return_logits:
         seen_BNV = jnp.zeros((batch, max_new_tokens, vocab), jnp.float32).at[:, 0].set(logits_BV)
@@ -62,6 +89,7 @@ def sample_loop(
     def body(carry):
         i, tokens_B, out_BN, done_B, state, seen_BNV = carry
         logits_BV, state = stepper.step(state, tokens_B)
+        logits_BV = _apply_hook(logits_hook, logits_BV, out_BN, i)
         tokens_B = jnp.where(done_B, pad_id, choose(mask_token(logits_BV, pad_id), i))
         out_BN = out_BN.at[:, i].set(tokens_B)
         if seen_BNV is not None:
@@ -87,6 +115,7 @@ def beam_search(
     eos_id: int | None,
     pad_id: int,
     alpha: float | jax.Array,
+    logits_hook: LogitsHook | None = None,
 ) -> jax.Array:
     """The best of `beam_size` hypotheses per sequence by length-normalised log-probability.
 
@@ -98,6 +127,10 @@ def beam_search(
     length, so among them the rank is by log-probability; with K = 1 the search is greedy
     decoding exactly. The loop ends when all hypotheses have finished or after
     `max_new_tokens`; unfinished ones are then scored at their full length.
+
+    `logits_hook`, if given, maps every step's logits `(B * K, V)` (row `b * K + k`:
+    hypothesis k of sequence b), with the hypotheses' tokens so far `(B * K, N)` (`pad_id`
+    from column `step` on) and the step, to the logits that are scored.
 
     Returns:
       int32 `(B, max_new_tokens)`: the best hypothesis, EOS included, padding after it.
@@ -117,6 +150,8 @@ def beam_search(
 
     def expand(i, logits_RV, logprob_BK, finished_BK, length_BK, seqs_BKN):
         """Step i: the K best one-token extensions of the K hypotheses of each sequence."""
+        tokens_RN = seqs_BKN.reshape(batch * k, max_new_tokens)
+        logits_RV = _apply_hook(logits_hook, logits_RV, tokens_RN, i)
         logp_BKV = jax.nn.log_softmax(mask_token(logits_RV, pad_id)).reshape(batch, k, vocab)
         live_BKV = logprob_BK[..., None] + logp_BKV
         # A finished hypothesis has one candidate: itself, extended by padding.

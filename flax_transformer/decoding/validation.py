@@ -77,11 +77,27 @@ def check_options(
             f"temperature/top_k/top_p (got {temperature}, {top_k}, {top_p}). Use beam_size=1 "
             "to sample."
         )
+    if not sampling and (top_k or top_p < 1.0):
+        raise ValueError(
+            f"{fn}: top_k={top_k} / top_p={top_p} narrow the tokens a sample is drawn from; "
+            "they do nothing with greedy decoding (temperature=0). Pass temperature > 0 (and "
+            "rng) to sample, or leave top_k=0 and top_p=1.0."
+        )
     if sampling and rng is None:
         raise ValueError(
             f"{fn}: temperature={temperature} samples and needs a PRNG key: pass "
             "rng=jax.random.key(0), or temperature=0.0 for greedy decoding."
         )
+
+
+def check_logits_hook(fn: str, hook: Any) -> Any:
+    """The hook itself: None or a callable `(logits, tokens, step) -> logits`."""
+    if hook is not None and not callable(hook):
+        raise ValueError(
+            f"{fn}: logits_hook must be a function (logits, tokens, step) -> logits or None, "
+            f"got {type(hook).__name__}."
+        )
+    return hook
 
 
 def check_tokens(fn: str, name: str, tokens: Any, vocab: int) -> jax.Array:

@@ -6,10 +6,13 @@ Dimension letters are those of the package docstring (`flax_transformer`).
 """
 
 from flax_transformer.functional.attention import (
+    MASK_RANKS,
     MASK_VALUE,
+    broadcast_mask,
     dot_product_attention,
     multi_head_attention,
     simple_self_attention,
+    softmax_dtype,
 )
 from flax_transformer.functional.feed_forward import feed_forward
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
@@ -23,7 +26,9 @@ from flax_transformer.functional.positions import sinusoidal_positions
 
 __all__ = [
     "LAYER_NORM_EPS",
+    "MASK_RANKS",
     "MASK_VALUE",
+    "broadcast_mask",
     "causal_mask",
     "combine_masks",
     "dot_product_attention",
@@ -34,4 +39,5 @@ __all__ = [
     "padding_mask",
     "simple_self_attention",
     "sinusoidal_positions",
+    "softmax_dtype",
 ]

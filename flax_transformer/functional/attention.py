@@ -19,9 +19,59 @@ import jax.numpy as jnp
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
 
+# The ranks a multi-head attention mask may have: 2, `(T, S)`, shared by every example and
+# head, or 4, `(B|1, N|1, T, S)`. Rank 3 is refused: broadcasting aligns trailing axes, so a
+# `(B, T, S)` mask would put example b's mask on head b.
+MASK_RANKS = (2, 4)
+
+
 def _check_rank(name: str, x: jax.Array, rank: int) -> None:
     if x.ndim != rank:
         raise ValueError(f"{name} must have rank {rank}, got {name}.shape={x.shape}.")
+
+
+def softmax_dtype(*dtypes) -> jnp.dtype:
+    """The dtype attention scores and softmax run in: float32, or wider if an input is wider.
+
+    bfloat16/float16/float32 inputs give float32 (seed 000: softmax in float32); float64
+    inputs (under `jax_enable_x64`) keep float64, so gradient checks in float64 hold.
+    """
+    return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
+
+
+def broadcast_mask(
+    mask: jax.Array, batch: int, num_heads: int, q_len: int, kv_len: int
+) -> jax.Array:
+    """The bool `(B, N, T, S)` mask of a rank-2 `(T, S)` or rank-4 `(B|1, N|1, T, S)` mask.
+
+    Raises:
+      ValueError: the mask has another rank (rank 3 above all: its first axis would be
+        broadcast against the heads, not the batch), or does not broadcast to `(B, N, T, S)`.
+    """
+    mask = jnp.asarray(mask)
+    target = (batch, num_heads, q_len, kv_len)
+    if mask.ndim not in MASK_RANKS:
+        fix = {
+            1: "for a key mask (S,) pass mask[None, :] (rank 2, (1, S))",
+            3: (
+                "a rank-3 mask is ambiguous: broadcasting would line its first axis up with "
+                "the heads N, not the batch B. For a per-example (B, T, S) mask add the head "
+                "axis, mask[:, None] -> (B, 1, T, S); padding_mask(tokens (B, S)) already "
+                "returns (B, 1, 1, S)"
+            ),
+        }.get(mask.ndim, "reshape it to one of those ranks")
+        raise ValueError(
+            f"mask.shape={mask.shape} has rank {mask.ndim}; attention takes a mask of rank 2, "
+            f"(T, S) shared by every example and head, or rank 4, (B or 1, N or 1, T, S) "
+            f"(here (B, N, T, S)={target}): {fix}."
+        )
+    try:
+        return jnp.broadcast_to(mask, target).astype(jnp.bool_)
+    except ValueError as err:
+        raise ValueError(
+            f"mask.shape={mask.shape} does not broadcast to (B, N, T, S)={target}; each axis "
+            "must equal the one of (B, N, T, S) or be 1."
+        ) from err
 
 
 def dot_product_attention(
@@ -40,15 +90,18 @@ def dot_product_attention(
       q: queries `(T, H)` (H = d_k).
       k: keys `(S, H)`.
       v: values `(S, Hv)`.
-      mask: optional bool `(T, S)` (or broadcastable to it); True where the query may attend.
+      mask: optional bool of rank 2, `(T, S)` or broadcastable to it (`(1, S)`: a key mask);
+        True where the query may attend. Batched or per-head masks go to
+        `multi_head_attention`.
       scale: multiplier of the scores; None means `1/sqrt(H)`, 1.0 the unscaled form.
       dropout_rate: probability of dropping an attention weight (applied to the weights that
         multiply V; the returned weights are the ones before dropout).
       dropout_rng: PRNG key; dropout runs only when it is given and `dropout_rate > 0`.
 
     Returns:
-      `(out (T, Hv), weights (T, S))`. The softmax runs in float32; `out` is cast back to
-      `q.dtype` and `weights` stays float32. A query row that may attend to no key gets
+      `(out (T, Hv), weights (T, S))`. The scores and softmax run in float32, or in float64
+      when an input is float64 (`softmax_dtype`); `out` is cast back to `q.dtype` and
+      `weights` stays in the softmax dtype. A query row that may attend to no key gets
       all-zero weights and a zero output (never NaN).
     """
     _check_rank("q", q, 2)
@@ -58,13 +111,27 @@ def dot_product_attention(
         raise ValueError(f"q and k need the same last axis (d_k): {q.shape=}, {k.shape=}.")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v need the same length S: {k.shape=}, {v.shape=}.")
+    if mask is not None:
+        mask = jnp.asarray(mask)
+        if mask.ndim != 2:
+            raise ValueError(
+                f"dot_product_attention attends one example with one head: mask must have "
+                f"rank 2, (T, S) (or (1, S) for a key mask), got {mask.shape=}; pass batched "
+                "or per-head masks to multi_head_attention."
+            )
+        try:
+            mask_TS = jnp.broadcast_to(mask, (q.shape[0], k.shape[0]))
+        except ValueError as err:
+            raise ValueError(
+                f"mask.shape={mask.shape} does not broadcast to (T, S)={(q.shape[0], k.shape[0])}."
+            ) from err
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
-    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=jnp.float32)
-    scores_TS = scores_TS.astype(jnp.float32) * scale
+    dtype = softmax_dtype(q.dtype, k.dtype)
+    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
+    scores_TS = scores_TS.astype(dtype) * scale
     if mask is not None:
-        mask_TS = jnp.broadcast_to(mask, scores_TS.shape)
         scores_TS = jnp.where(mask_TS, scores_TS, MASK_VALUE)
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
         # A row with no visible key would otherwise be uniform over masked keys.
@@ -97,13 +164,16 @@ def multi_head_attention(
       q_BTNH: queries `(B, T, N, H)`.
       k_BSNH: keys `(B, S, N, H)`.
       v_BSNH: values `(B, S, N, Hv)`.
-      mask: optional bool mask broadcastable to `(B, N, T, S)`, e.g. `(B, 1, T, S)`,
-        `(B, 1, 1, S)` or `(T, S)`; True where the query may attend.
+      mask: optional bool mask, True where the query may attend, of rank 2, `(T, S)` for
+        every example and head, or rank 4, `(B|1, N|1, T, S)`, e.g. `(B, 1, T, S)` or
+        `(B, 1, 1, S)` (`padding_mask`). Rank 3 raises ValueError: broadcasting would align
+        a `(B, T, S)` mask's first axis with the heads; write `mask[:, None]`.
       scale, dropout_rate: as in `dot_product_attention`.
       dropout_rng: one key; it is split so that every (example, head) drops independently.
 
     Returns:
-      `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32.
+      `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32 (float64 for float64
+      inputs).
     """
     for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
         _check_rank(name, x, 4)
@@ -114,13 +184,7 @@ def multi_head_attention(
             f"q and k need the same batch and head axes: {q_BTNH.shape=}, {k_BSNH.shape=}."
         )
     if mask is not None:
-        try:
-            mask = jnp.broadcast_to(mask, (batch, num_heads, q_len, kv_len))
-        except ValueError as err:
-            raise ValueError(
-                f"mask.shape={mask.shape} does not broadcast to (B, N, T, S)="
-                f"{(batch, num_heads, q_len, kv_len)}."
-            ) from err
+        mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len)
 
     use_dropout = dropout_rng is not None and dropout_rate > 0.0
     keys = jax.random.split(dropout_rng, (batch, num_heads)) if use_dropout else None

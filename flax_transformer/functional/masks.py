@@ -1,4 +1,10 @@
-"""Attention masks. Convention: bool arrays, True where a query may attend to a key."""
+"""Attention masks. Convention: bool arrays, True where a query may attend to a key.
+
+The attention functions take a mask of rank 2, `(T, S)`, shared by every example and head,
+or of rank 4, `(B|1, N|1, T, S)`. The builders here return shapes that combine into those:
+`causal_mask(T)` is `(T, T)`, `padding_mask` of `(B, S)` tokens is `(B, 1, 1, S)`, and
+`combine_masks` broadcasts them to `(B, 1, T, S)`.
+"""
 
 from __future__ import annotations
 
@@ -25,20 +31,34 @@ def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
     """Key mask that hides padding tokens.
 
     Args:
-      tokens: int token ids `(..., S)`.
+      tokens: int token ids, `(B, S)` for a batch or `(S,)` for one sequence.
       pad_id: the padding id.
 
     Returns:
-      bool `(..., 1, S)`: True for real tokens. The singleton axis stands for the query
-      axis, so the result broadcasts against `(..., T, S)` score matrices.
+      bool, True for real tokens: `(B, 1, 1, S)` for `(B, S)` tokens, the singletons standing
+      for the head and query axes, so that it broadcasts against `(B, N, T, S)` scores (and
+      `combine_masks(causal_mask(T), padding_mask(tokens))` is `(B, 1, T, S)`); `(1, S)` for
+      `(S,)` tokens, a rank-2 mask whose singleton is the query axis, for the single-example
+      `dot_product_attention` or for one sequence's `(T, S)` mask.
     """
-    return (tokens != pad_id)[..., None, :]
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim == 1:
+        return (tokens != pad_id)[None, :]
+    if tokens.ndim == 2:
+        return (tokens != pad_id)[:, None, None, :]
+    raise ValueError(
+        f"padding_mask needs token ids of shape (B, S) or (S,), got {tokens.shape=}; "
+        "flatten extra leading axes into the batch first."
+    )
 
 
 def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     """Logical AND of masks broadcast together; `None` entries are skipped.
 
-    Returns None when every mask is None (attend everywhere).
+    Returns None when every mask is None (attend everywhere). Broadcasting aligns trailing
+    axes, so combine masks of rank 2 `(T, S)` and rank 4 `(B|1, N|1, T, S)` only: a rank-3
+    operand would put its first axis on the heads (the attention functions reject the
+    rank-3 result).
     """
     present = [m for m in masks if m is not None]
     if not present:

@@ -24,7 +24,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import dot_product_attention, multi_head_attention
+from flax_transformer.functional import (
+    broadcast_mask,
+    dot_product_attention,
+    multi_head_attention,
+)
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 
@@ -37,9 +41,13 @@ class MultiHeadAttention(nn.Module):
         True: keys and values come from `x_kv` (query kernel + fused K/V kernel).
       dropout_rate: dropout on the attention weights.
       use_bias: biases on the projections.
-      impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`).
+      impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`,
+        which may pick a fused kernel such as cuDNN flash attention). That function returns
+        no weights and has no attention dropout, so a 'jax_nn' call with dropout on, or with
+        the 'intermediates' collection mutable, runs our formula instead (same result, and
+        the weights are sown as with 'xla').
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
-      dtype, param_dtype: compute and storage dtypes (softmax is float32 regardless).
+      dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, N, L, H), 'v': (B, N, L, H)}` for L slots;
@@ -95,8 +103,11 @@ class MultiHeadAttention(nn.Module):
           x_q: queries' inputs `(B, T, D)`.
           x_kv: keys'/values' inputs `(B, S, D)`; required iff `cross`, except when a
             cross-attention `cache` already holds the keys/values (then pass None).
-          mask: bool, broadcastable to `(B, N, T, S)`; True where attention is allowed.
-            With a self-attention cache, S is the cache length L (key = cache slot).
+          mask: bool, True where attention is allowed, of rank 2, `(T, S)`, or rank 4,
+            `(B|1, N|1, T, S)` (e.g. `combine_masks(causal_mask(T), padding_mask(tokens))`,
+            `(B, 1, T, S)`). A rank-3 mask raises ValueError: broadcasting would align its
+            first axis with the heads, not the batch (write `mask[:, None]`). With a
+            self-attention cache, S is the cache length L (key = cache slot).
           deterministic: disable dropout (else the 'dropout' rng stream is used).
           cache: optional KV cache of this layer, `{'k', 'v'}` as in the class docstring.
           cache_index: int `(B,)`, self-attention with a cache only: the slot where each
@@ -142,10 +153,14 @@ class MultiHeadAttention(nn.Module):
                 q_BTNH, cache["k"], cache["v"], mask, self.dropout_rate, rng
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
-        elif self.impl == "jax_nn" and not use_dropout:
+        elif (
+            self.impl == "jax_nn"
+            and not use_dropout
+            and not self.is_mutable_collection("intermediates")
+        ):
             chex.assert_equal_shape([k_BSNH, v_BSNH])
             if mask is not None:
-                mask = jnp.broadcast_to(mask, (batch, self.num_heads, q_len, k_BSNH.shape[1]))
+                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSNH.shape[1])
             out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask)
         else:
             chex.assert_equal_shape([k_BSNH, v_BSNH])
@@ -191,7 +206,8 @@ def _write_cache(
 
     Each sequence has its own write position, so a batch of prompts of different lengths
     shares one cache. The scatter updates the `(B, N, L, H)` buffers in place under `jit`;
-    writes past slot L - 1 are dropped (callers size the cache so that none happen).
+    writes past slot L - 1 are dropped (the models check that the real tokens fit,
+    `decoding.cache.check_cache_room`, where the index is concrete).
     """
     batch, length = k_BTNH.shape[:2]
     if index_B is None:
@@ -221,7 +237,7 @@ def _attend_heads_major(
     """
     batch, q_len, num_heads, _ = q_BTNH.shape
     kv_len = k_BNSH.shape[2]
-    mask_BNTS = None if mask is None else jnp.broadcast_to(mask, (batch, num_heads, q_len, kv_len))
+    mask_BNTS = None if mask is None else broadcast_mask(mask, batch, num_heads, q_len, kv_len)
     keys = None
     if dropout_rng is not None and dropout_rate > 0.0:
         keys = jax.random.split(dropout_rng, (batch, num_heads))
