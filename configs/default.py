@@ -54,6 +54,8 @@ def get_config() -> ml_collections.ConfigDict:
     # powers of two from 8, then max_len
     config.tokens_per_batch = 2048  # padded tokens per batch (rows = this // bucket length)
     config.batch_size = 0  # rows per batch for every bucket; > 0 replaces tokens_per_batch
+    config.copied_targets = 0.0  # translation: add (target, target) pairs for this share of
+    # the training pairs (copied monolingual data), so the decoder learns to read the source
     config.packed = False  # task 'lm': pack lines into max_len windows instead of one per row
 
     config.model = get_model_config()
@@ -71,6 +73,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.grad_clip_norm = 1.0  # clip the global gradient norm to this; 0 disables
     config.grad_accum_steps = 1  # micro-batches per optimizer update (optax.MultiSteps)
     config.label_smoothing = 0.1  # paper 5.4; validation loss is reported without it
+    config.target_token_dropout = 0.0  # translation: decoder inputs replaced by <unk> at this
+    # rate while training (word dropout), so the decoder leans on the source sooner
     config.num_train_steps = 900  # micro-batch steps in total (updates x grad_accum_steps)
     config.seed = 0  # parameters, dropout and data order all derive from it
     config.rng_impl = "threefry2x32"  # PRNG for dropout: 'threefry2x32', 'rbg', 'unsafe_rbg'

@@ -575,3 +575,16 @@ def test_real_kjv_web_pairs():
 def test_batching_module_exports_are_reexported():
     for name in ("translation_batches", "lm_batches", "packed_lm_batches", "filter_by_length"):
         assert getattr(data, name) is getattr(batching, name)
+
+
+def test_copied_target_pairs_repeat_targets_as_sources():
+    from train.input_pipeline import copied_target_pairs
+
+    pairs = [([10 + i], [100 + i, 7]) for i in range(10)]
+    copies = copied_target_pairs(pairs, 0.5, seed=0)
+    assert len(copies) == 5
+    assert all(src == tgt and tgt in [t for _, t in pairs] for src, tgt in copies)
+    assert len({tuple(t) for _, t in copies}) == 5  # five different targets
+    assert copied_target_pairs(pairs, 0.5, seed=0) == copies  # a fixed choice per seed
+    assert copied_target_pairs(pairs, 0.0, seed=0) == []
+    assert len(copied_target_pairs(pairs, 1.0, seed=0)) == 10

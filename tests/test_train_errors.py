@@ -57,6 +57,8 @@ def test_bad_config_value_from_the_command_line(tmp_path):
         ("corpus_path", "", r"corpus='tsv' needs a file path"),
         ("num_train_steps", 0, r"--config.num_train_steps=0: must be a positive integer"),
         ("label_smoothing", 1.0, r"--config.label_smoothing=1.0: must be in \[0, 1\)"),
+        ("target_token_dropout", 1.0, r"--config.target_token_dropout=1.0: must be in \[0, 1\)"),
+        ("copied_targets", 1.5, r"--config.copied_targets=1.5: must be in \[0, 1\]"),
         ("bucket_lengths", (8, 32), r"ending with max_len=16"),
         ("max_decode_len", 16, r"must be < max_len=16"),
     ],

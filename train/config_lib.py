@@ -41,6 +41,7 @@ IDENTITY_FIELDS = (
     "direction",
     "valid_fraction",
     "test_fraction",
+    "copied_targets",
     "tokenizer",
     "vocab_size",
     "max_len",
@@ -162,8 +163,11 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise _fail(field, config[field], "must be non-negative")
     if config.learning_rate == 0:
         raise _fail("learning_rate", config.learning_rate, "must be > 0")
-    if not 0.0 <= config.label_smoothing < 1.0:
-        raise _fail("label_smoothing", config.label_smoothing, "must be in [0, 1)")
+    if not 0.0 <= config.copied_targets <= 1.0:
+        raise _fail("copied_targets", config.copied_targets, "must be in [0, 1]")
+    for field in ("label_smoothing", "target_token_dropout"):
+        if not 0.0 <= config[field] < 1.0:
+            raise _fail(field, config[field], "must be in [0, 1)")
     if not 0.0 < config.top_p <= 1.0:
         raise _fail("top_p", config.top_p, "must be in (0, 1]")
     if config.temperature < 0:

@@ -131,6 +131,28 @@ def _batches(config, task, examples, rng, num_devices, drop_remainder=False):
     )
 
 
+def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
+    """(target, target) pairs made from a `share` of the training pairs' targets.
+
+    Copied monolingual data (Currey et al. 2017, "Copied Monolingual Data Improves
+    Low-Resource Neural Machine Translation"): with the target repeated as its own source,
+    the source predicts every target token exactly, so the decoder learns to read it (the
+    cross-attention alignment) long before the language model of the target side would
+    let it. Validation and BLEU still use real pairs only.
+
+    Args:
+        pairs: tokenized (source ids, target ids) training pairs.
+        share: copies per training pair, in [0, 1].
+        seed: which targets are copied (a fixed choice, so a resumed run sees the same data).
+
+    Returns:
+        `round(share * len(pairs))` pairs (target ids, target ids).
+    """
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(pairs), size=round(share * len(pairs)), replace=False)
+    return [(list(pairs[i][1]), list(pairs[i][1])) for i in sorted(chosen)]
+
+
 def build_dataset(
     config: ml_collections.ConfigDict, workdir: str | os.PathLike, num_devices: int = 1
 ) -> Dataset:
@@ -162,6 +184,8 @@ def build_dataset(
         )
     tokenizer = make_tokenizer(config, workdir, splits.train)
     train_ids = _encode(tokenizer, splits.train)
+    if task == "translation" and config.copied_targets:
+        train_ids += copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
     for name, ids in (("train", train_ids), ("validation", valid_ids)):
         data.check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")

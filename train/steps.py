@@ -22,6 +22,7 @@ from flax import linen as nn
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.functional import label_smoothed_cross_entropy
+from train.tokenizer import UNK_ID
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -126,6 +127,30 @@ def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
     }
 
 
+def drop_target_tokens(
+    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
+) -> jax.Array:
+    """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
+
+    The decoder can then predict less from its own prefix and must read the source: it
+    learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
+    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
+    the labels are untouched.
+
+    Args:
+        tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
+        rate: replacement probability in [0, 1).
+        key: PRNG key.
+        unk_id, pad_id: the tokenizer's unknown and padding ids.
+
+    Returns:
+        `(B, T)` ids of the same dtype.
+    """
+    drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
+    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
+    return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
+
+
 def train_step(
     state: TrainState,
     batch: dict[str, jax.Array],
@@ -135,6 +160,8 @@ def train_step(
     tx: optax.GradientTransformation,
     label_smoothing: float,
     rng_impl: str,
+    target_token_dropout: float = 0.0,
+    unk_id: int = UNK_ID,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
 
@@ -144,12 +171,25 @@ def train_step(
         state: the TrainState.
         batch: int32 `(B, L)` arrays ('src', 'tgt_in', 'tgt_out' or 'inputs', 'targets').
         model, task, tx, label_smoothing, rng_impl: bound with functools.partial.
+        target_token_dropout: translation only: `drop_target_tokens` rate (0 = off).
+        unk_id: the id that dropped decoder inputs become.
 
     Returns:
         (new state, metric sums: loss, nll, correct, tokens, grad_norm).
     """
     key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
     key, dropout_key = jax.random.split(key)
+    if target_token_dropout and task == "translation":
+        # A key of its own, derived without changing the dropout key stream of rate-0 runs.
+        word_key = jax.random.fold_in(dropout_key, 1)
+        batch = dict(batch)
+        batch["tgt_in"] = drop_target_tokens(
+            batch["tgt_in"],
+            target_token_dropout,
+            word_key,
+            unk_id=unk_id,
+            pad_id=model.config.pad_id,
+        )
 
     def loss_fn(params):
         logits, labels = _logits_and_labels(
@@ -198,6 +238,8 @@ def jit_steps(
     *,
     label_smoothing: float,
     rng_impl: str,
+    target_token_dropout: float = 0.0,
+    unk_id: int = UNK_ID,
 ) -> tuple[Callable, Callable, Callable]:
     """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
 
@@ -217,6 +259,8 @@ def jit_steps(
             tx=tx,
             label_smoothing=label_smoothing,
             rng_impl=rng_impl,
+            target_token_dropout=target_token_dropout,
+            unk_id=unk_id,
         ),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),

@@ -128,6 +128,8 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         mesh,
         label_smoothing=config.label_smoothing,
         rng_impl=config.rng_impl,
+        target_token_dropout=config.target_token_dropout,
+        unk_id=dataset.tokenizer.unk_id,
     )
     writer = MetricsWriter(workdir, resume_step=int(state.step))
     log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
