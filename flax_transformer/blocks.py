@@ -25,6 +25,7 @@ from flax import linen as nn
 from flax_transformer import axes
 from flax_transformer.config import TransformerConfig
 from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention, PositionalEncoding
+from flax_transformer.layers.initializers import partitioned
 
 
 def _layer_norm(config: TransformerConfig, name: str) -> LayerNorm:
@@ -294,7 +295,7 @@ class Decoder(nn.Module):
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 name="logits",
-                kernel_init=nn.with_logical_partitioning(
+                kernel_init=partitioned(
                     nn.initializers.normal(cfg.init_std), (axes.EMBED, axes.VOCAB)
                 ),
             )(y_BTD)
