@@ -56,6 +56,7 @@ CASES = {
     "EncoderLayer": (EncoderLayer(CONFIG), (X_BSD, None), False),
     "DecoderLayer": (DecoderLayer(CONFIG), (X_BTD, X_BSD, causal_mask(T), None), False),
     "Encoder": (Encoder(CONFIG, _embed()), (SRC_BS, None), False),
+    "Encoder-embeddings": (Encoder(CONFIG), (X_BSD, None), False),
     "Decoder": (Decoder(CONFIG, _embed()), (TGT_BT, X_BSD, causal_mask(T), None), True),
     "Transformer": (Transformer(CONFIG), (SRC_BS, TGT_BT), True),
     "Transformer-scan": (Transformer(CONFIG.replace(scan_layers=True)), (SRC_BS, TGT_BT), True),
