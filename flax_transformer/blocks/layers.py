@@ -40,7 +40,8 @@ def check_width(owner: str, name: str, x: jax.Array, d_model: int) -> None:
         )
 
 
-def layer_norm(config: LayerConfig | TransformerConfig, name: str) -> LayerNorm:
+def make_layer_norm(config: LayerConfig | TransformerConfig, name: str) -> LayerNorm:
+    """A `LayerNorm` module named `name` with the config's eps, bias and dtypes."""
     return LayerNorm(
         epsilon=config.layer_norm_eps,
         use_bias=config.use_bias,
@@ -119,10 +120,10 @@ class EncoderLayer(nn.Module):
         attn = _attention(cfg, "self_attention")
         x_BSD = residual(
             x_BSD,
-            layer_norm(cfg, "norm_attention"),
+            make_layer_norm(cfg, "norm_attention"),
             lambda h: attn(h, mask=mask, deterministic=deterministic),
         )
-        x_BSD = residual(x_BSD, layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
+        x_BSD = residual(x_BSD, make_layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
         x_BSD = nn.with_logical_constraint(x_BSD, (axes.BATCH, axes.LENGTH, axes.EMBED))
         return x_BSD, None
 
@@ -187,7 +188,7 @@ class DecoderLayer(nn.Module):
         self_attn = _attention(cfg, "self_attention")
         y_BTD = residual(
             y_BTD,
-            layer_norm(cfg, "norm_self_attention"),
+            make_layer_norm(cfg, "norm_self_attention"),
             lambda h: attend(self_attn, "self_attention", h, None, self_mask),
         )
         if self.cross_attention:
@@ -198,9 +199,9 @@ class DecoderLayer(nn.Module):
             cross_attn = _attention(cfg, "cross_attention", cross=True)
             y_BTD = residual(
                 y_BTD,
-                layer_norm(cfg, "norm_cross_attention"),
+                make_layer_norm(cfg, "norm_cross_attention"),
                 lambda h: attend(cross_attn, "cross_attention", h, encoded_BSD, cross_mask),
             )
-        y_BTD = residual(y_BTD, layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
+        y_BTD = residual(y_BTD, make_layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
         y_BTD = nn.with_logical_constraint(y_BTD, (axes.BATCH, axes.LENGTH, axes.EMBED))
         return y_BTD, new_cache

@@ -22,7 +22,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.blocks.layers import DecoderLayer, EncoderLayer, check_width, layer_norm
+from flax_transformer.blocks.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    check_width,
+    make_layer_norm,
+)
 from flax_transformer.config import TransformerConfig
 from flax_transformer.layers import PositionalEncoding
 from flax_transformer.layers.initializers import partitioned
@@ -130,7 +135,7 @@ class Encoder(nn.Module):
         stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 1)
         x_BSD, _ = stack(x_BSD, mask, deterministic=deterministic)
         if cfg.use_final_norm:
-            x_BSD = layer_norm(cfg, "final_norm")(x_BSD)
+            x_BSD = make_layer_norm(cfg, "final_norm")(x_BSD)
         return x_BSD
 
 
@@ -202,7 +207,7 @@ class Decoder(nn.Module):
             deterministic=deterministic,
         )
         if cfg.use_final_norm:
-            y_BTD = layer_norm(cfg, "final_norm")(y_BTD)
+            y_BTD = make_layer_norm(cfg, "final_norm")(y_BTD)
         if self.embed is None:
             out = y_BTD
         elif cfg.tie_output_embedding:
