@@ -7,7 +7,7 @@ Layers of the package (imports point down only):
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, layer norm, positions, feed-forward
-  config      TransformerConfig
+  config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,
@@ -15,7 +15,7 @@ Dimension key used in names (`x_BTD`) and einsum strings:
 """
 
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
-from flax_transformer.config import TransformerConfig
+from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.decoding import generate_text, generate_translation
 from flax_transformer.functional import (
     causal_mask,
@@ -55,6 +55,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "LayerConfig",
     "LayerNorm",
     "MultiHeadAttention",
     "PositionalEncoding",

@@ -8,32 +8,94 @@ from typing import Any
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-_CHOICES = {
+# Choices of the fields one layer reads (LayerConfig and TransformerConfig).
+_LAYER_CHOICES = {
     "norm_position": ("pre", "post"),
-    "positional": ("sinusoidal", "learned"),
     "activation": ("relu", "gelu", "gelu_tanh"),
     "attention_impl": ("xla", "jax_nn"),
 }
+_CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned")}
 
 
-def _as_dtype(field: str, value: Any) -> Any:
+def _as_dtype(owner: str, field: str, value: Any) -> Any:
     if isinstance(value, str):
         if value not in _DTYPES:
             raise ValueError(
-                f"TransformerConfig.{field}={value!r} is not a known dtype; "
-                f"use one of {sorted(_DTYPES)}."
+                f"{owner}.{field}={value!r} is not a known dtype; use one of {sorted(_DTYPES)}."
             )
         return _DTYPES[value]
     try:
         name = jnp.dtype(value).name
     except TypeError as err:
-        raise ValueError(f"TransformerConfig.{field}={value!r} is not a dtype.") from err
+        raise ValueError(f"{owner}.{field}={value!r} is not a dtype.") from err
     if name not in _DTYPES:
         raise ValueError(
-            f"TransformerConfig.{field}={value!r} is not a floating dtype we support; "
+            f"{owner}.{field}={value!r} is not a floating dtype we support; "
             f"use one of {sorted(_DTYPES)}."
         )
     return _DTYPES[name]
+
+
+def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> None:
+    """Validate (and convert the dtypes of) a layer's fields; errors name `config`'s class."""
+    owner = type(config).__name__
+    object.__setattr__(config, "dtype", _as_dtype(owner, "dtype", config.dtype))
+    object.__setattr__(config, "param_dtype", _as_dtype(owner, "param_dtype", config.param_dtype))
+    for name in ("d_model", "num_heads", "d_ff"):
+        _check_positive(config, name)
+    if config.d_model % config.num_heads:
+        raise ValueError(
+            f"{owner}.num_heads={config.num_heads} does not divide "
+            f"d_model={config.d_model}; pick num_heads among the divisors of d_model."
+        )
+    for name in ("dropout_rate", "attention_dropout_rate"):
+        value = getattr(config, name)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"{owner}.{name}={value!r} must be in [0, 1).")
+    if not config.init_std > 0:
+        raise ValueError(f"{owner}.init_std={config.init_std!r} must be > 0.")
+    if config.layer_norm_eps <= 0:
+        raise ValueError(f"{owner}.layer_norm_eps={config.layer_norm_eps} must be > 0.")
+    for name, allowed in choices.items():
+        if getattr(config, name) not in allowed:
+            raise ValueError(f"{owner}.{name}={getattr(config, name)!r} is not one of {allowed}.")
+
+
+def _check_positive(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{type(config).__name__}.{name}={value!r} must be a positive integer.")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerConfig:
+    """What one `EncoderLayer` or `DecoderLayer` reads: no vocabulary, length or depth.
+
+    `TransformerConfig.layer_config` gives the one a model's layers use; build one directly
+    to use a layer on its own (e.g. over patch or audio embeddings). The fields mean what
+    the `TransformerConfig` fields of the same names mean, with the same defaults.
+    """
+
+    d_model: int  # width D of the layer's input and output
+    num_heads: int  # attention heads N; must divide d_model
+    d_ff: int  # feed-forward width F
+    dropout_rate: float = 0.1  # on every residual branch
+    attention_dropout_rate: float = 0.0  # on attention weights
+    norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    activation: str = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
+    use_bias: bool = True  # biases in projections, feed-forward and LayerNorm
+    layer_norm_eps: float = 1e-5
+    init_std: float = 0.02  # normal init std of every projection kernel
+    attention_impl: str = "xla"  # 'xla' or 'jax_nn' (see TransformerConfig)
+    dtype: Any = "float32"  # compute dtype
+    param_dtype: Any = "float32"  # parameter storage dtype
+
+    def __post_init__(self):
+        _check_layer_fields(self, _LAYER_CHOICES)
+
+    def replace(self, **changes) -> LayerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,34 +144,16 @@ class TransformerConfig:
     remat: bool = False  # rematerialise each layer in the backward pass
 
     def __post_init__(self):
-        object.__setattr__(self, "dtype", _as_dtype("dtype", self.dtype))
-        object.__setattr__(self, "param_dtype", _as_dtype("param_dtype", self.param_dtype))
-        positive = ["vocab_size", "d_model", "num_heads", "d_ff", "num_layers", "max_len"]
-        for name in positive + ["target_vocab_size", "num_encoder_layers", "num_decoder_layers"]:
-            value = getattr(self, name)
-            if value is None and name not in positive:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TransformerConfig.{name}={value!r} must be a positive integer.")
-        if self.d_model % self.num_heads:
+        _check_layer_fields(self, _CHOICES)
+        for name in ("vocab_size", "num_layers", "max_len"):
+            _check_positive(self, name)
+        for name in ("target_vocab_size", "num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) is not None:
+                _check_positive(self, name)
+        if not self.embed_init_std > 0:
             raise ValueError(
-                f"TransformerConfig.num_heads={self.num_heads} does not divide "
-                f"d_model={self.d_model}; pick num_heads among the divisors of d_model."
+                f"TransformerConfig.embed_init_std={self.embed_init_std!r} must be > 0."
             )
-        for name in ("dropout_rate", "attention_dropout_rate"):
-            value = getattr(self, name)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"TransformerConfig.{name}={value!r} must be in [0, 1).")
-        for name in ("embed_init_std", "init_std"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TransformerConfig.{name}={getattr(self, name)!r} must be > 0.")
-        if self.layer_norm_eps <= 0:
-            raise ValueError(f"TransformerConfig.layer_norm_eps={self.layer_norm_eps} must be > 0.")
-        for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"TransformerConfig.{name}={getattr(self, name)!r} is not one of {allowed}."
-                )
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(
                 f"TransformerConfig.d_model={self.d_model} must be even for sinusoidal positions."
@@ -125,6 +169,12 @@ class TransformerConfig:
                 f"target_vocab_size={self.target_vocab_size} != vocab_size={self.vocab_size}; "
                 "set share_embeddings=False."
             )
+
+    @property
+    def layer_config(self) -> LayerConfig:
+        """The fields every encoder and decoder layer of the model reads."""
+        names = [field.name for field in dataclasses.fields(LayerConfig)]
+        return LayerConfig(**{name: getattr(self, name) for name in names})
 
     @property
     def head_dim(self) -> int:

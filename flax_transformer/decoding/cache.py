@@ -8,7 +8,7 @@
 sequence's token at slot j sits at position j, and every sequence has its own `index`, so a
 batch of right-padded prompts of different lengths shares one cache. The decoder tree
 mirrors the parameter tree ('layers_0', ... unrolled; 'layers' with a leading layer axis
-under `nn.scan`), so it works for both stacks (`blocks._stack` splits it per layer).
+under `nn.scan`), so it works for both stacks (`blocks.stacks._stack` splits it per layer).
 """
 
 from __future__ import annotations

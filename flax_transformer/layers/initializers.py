@@ -1,4 +1,8 @@
-"""Parameter initialisers shared by the layers."""
+"""Parameter initialisers shared by the layers, and the logical-axis box they put params in."""
+
+from __future__ import annotations
+
+from typing import Any
 
 from flax import linen as nn
 
@@ -11,6 +15,30 @@ zeros_init = nn.initializers.zeros_init()
 ones_init = nn.initializers.ones_init()
 
 
-def partitioned(init, names):
-    """`init` with logical axis names attached (read by the sharding rules)."""
-    return nn.with_logical_partitioning(init, names)
+class LogicalAxes(nn.LogicallyPartitioned):
+    """`nn.LogicallyPartitioned` that Flax NNX can take in without a mesh.
+
+    In linen it is `nn.LogicallyPartitioned` (the sharding rules read its names; `nn.unbox`
+    strips it). Through `nnx.bridge.ToNNX` the names become the NNX variable's
+    `out_sharding` metadata with `eager_sharding=False`: NNX would otherwise shard every new
+    variable at creation and, with no mesh (the common case), refuse to create it ("An auto
+    mesh context or metadata is required"). The names are kept, so
+    `nnx.get_partition_spec(state)` still gives the logical layout to shard by.
+    """
+
+    def to_nnx_metadata(self) -> dict[str, Any]:
+        # A copy: flax's own method pops the keys out of the instance's __dict__.
+        metadata = dict(vars(self))
+        metadata["out_sharding"] = metadata.pop("names")
+        metadata["sharding_rules"] = metadata.pop("rules")
+        metadata["eager_sharding"] = False
+        return metadata
+
+
+def partitioned(init, names: tuple[str | None, ...]):
+    """`init` whose result carries logical axis names (read by the sharding rules)."""
+
+    def boxed_init(*args, **kwargs):
+        return LogicalAxes(init(*args, **kwargs), names)
+
+    return boxed_init
