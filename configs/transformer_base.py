@@ -25,6 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.corpus = "bible"  # the Japanese-English Bible (configs/default.py is KJV -> WEB)
     config.direction = "ja-en"  # source Japanese, target English
     config.copy_baseline = False  # copying Japanese into English is no baseline
+    config.copied_targets = 0.0  # the paper trains on real pairs only
     config.vocab_size = 16000  # shared SentencePiece vocabulary (paper: 37000 BPE on WMT)
     config.max_len = 256  # longest example in tokens (model max_len)
     config.bucket_lengths = ()  # powers of two from 8 up to max_len

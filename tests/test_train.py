@@ -39,6 +39,7 @@ def trained_run(tmp_path_factory):
         schedule="cosine",
         bleu_examples=30,
         bleu_every_steps=200,
+        report_beam_size=4,
         copy_baseline=True,
         **{"model.d_model": 64, "model.d_ff": 128, "model.num_layers": 2},
     )

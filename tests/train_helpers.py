@@ -59,6 +59,11 @@ def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.Config
     config.decode_batch_size = 4
     config.max_decode_len = 12
     config.num_samples = 2
+    # The default recipe's extras off: no BLEU during training, no beam pass, no copies.
+    config.bleu_every_steps = 0
+    config.report_beam_size = 1
+    config.copied_targets = 0.0
+    config.copy_baseline = False
     for key, value in overrides.items():
         target = config
         *parents, leaf = key.split(".")
