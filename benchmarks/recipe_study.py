@@ -4,12 +4,14 @@ minutes for named recipes (issue 9's study).
     python -m benchmarks.recipe_study --recipe baseline --recipe emb1 --minutes 8
     python -m benchmarks.recipe_study --recipe emb1 --set corpus=bible --set bleu_tokenize=13a
 
-Each recipe is `configs/default.py` with a few fields changed (RECIPES below; `--set
-field=value` changes more for every recipe). A run trains in its own work directory under
-`--out`, computes validation BLEU every `--bleu-every` steps, and appends one JSON line per
-BLEU point to `--out/curves.jsonl`: recipe, corpus, step, training minutes (steps times the
-recipe's measured seconds per step: evaluation and decoding are left out, so recipes
-compare on what they spend learning), BLEU, chrF. `--plot` draws the curves of that file.
+Each recipe is the first default recipe (FIRST_RECIPE below) with a few fields changed
+(RECIPES; `--set field=value` changes more for every recipe). A run trains in its own work
+directory under `--out`, computes validation BLEU every `--bleu-every` steps, and appends
+one JSON line per BLEU point to `--out/curves.jsonl`: recipe, corpus, step, training
+minutes (steps times the recipe's measured seconds per step: evaluation and decoding are
+left out, so recipes compare on what they spend learning), BLEU, chrF. `--time-only`
+measures the seconds per step of the named recipes side by side (`--out/timings.json`);
+`--plot` draws the curves of curves.jsonl, with minutes from timings.json where it has them.
 
 The number of steps for a budget comes from a short timing run (`--minutes`), so a recipe's
 cosine schedule ends when its budget does. Run one recipe at a time on a quiet machine:
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import pathlib
 import platform
 import tempfile
@@ -28,8 +31,15 @@ import time
 
 from configs import default as default_config
 
-# Fields changed from configs/default.py. The study varies one thing at a time from the
-# baseline (corpus set by --set), then combines what helped.
+# The first default recipe (configs/default.py before 2026-11-30, whose run ignored its
+# source): every recipe below starts from configs/default.py with these fields, then
+# changes its own. The study varies one thing at a time, then combines what helped.
+FIRST_RECIPE = {
+    "model.d_model": 256,
+    "model.d_ff": 1024,
+    "vocab_size": 8000,
+    "copied_targets": 0.0,
+}
 RECIPES: dict[str, dict] = {
     "baseline": {},
     # Token embeddings std d**-0.5, i.e. std 1 after the sqrt(d) scale (Flax wmt example).
@@ -68,6 +78,23 @@ RECIPES: dict[str, dict] = {
 }
 
 
+# Recipes whose step has the same shapes and cost as another's (they change the data or the
+# initialisation, not the arrays): their minutes use that recipe's timing.
+SAME_COST = {
+    "emb1": "baseline",
+    "kinit": "baseline",
+    "kinit+emb1": "baseline",
+    "wdrop0.2": "baseline",
+    "wdrop0.4": "baseline",
+    "copy0.5": "baseline",
+    "copy1": "baseline",
+    "ls0": "baseline",
+    "lr1e-3": "baseline",
+    "lr4e-3": "baseline",
+    "d128+v4k+copy0.5": "d128+v4k",
+}
+
+
 def _parse_value(text: str):
     try:
         return ast.literal_eval(text)
@@ -76,10 +103,11 @@ def _parse_value(text: str):
 
 
 def make_config(changes: dict):
-    """configs/default.py with `changes` ({'field' or 'model.field': value}) applied."""
+    """configs/default.py with FIRST_RECIPE, then `changes` ({'field' or 'model.field':
+    value}), applied."""
     config = default_config.get_config()
     with config.unlocked():
-        for field, value in changes.items():
+        for field, value in {**FIRST_RECIPE, **changes}.items():
             node, *rest = field.split(".")
             target = config[node] if rest else config
             target[rest[0] if rest else node] = value
@@ -165,8 +193,31 @@ def run_recipe(name, changes, args, out: pathlib.Path) -> None:
     print(f"[{name}] final BLEU {results['bleu']['bleu']:.2f}", flush=True)
 
 
-def plot(curves: pathlib.Path, png: pathlib.Path) -> None:
-    """Validation BLEU against training minutes, one line per recipe and corpus."""
+def time_recipes(names, common, args, out: pathlib.Path) -> None:
+    """Seconds per step of each recipe, measured one after the other in this process, and
+    their ratio to the first; written to `out/timings.json`, which `plot` then uses for the
+    minutes axis (so every curve's minutes come from one quiet, side-by-side measurement)."""
+    timings = {}
+    for name in names:
+        with tempfile.TemporaryDirectory() as probe_dir:
+            timings[name] = time_steps(
+                {**RECIPES[name], **common}, pathlib.Path(probe_dir), args.probe_steps
+            )
+    first = timings[names[0]]
+    for name, seconds in timings.items():
+        print(f"{name}: {seconds:.3f} s/step ({first / seconds:.2f}x the steps/s of {names[0]})")
+    path = out / "timings.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    saved.update({name: round(seconds, 4) for name, seconds in timings.items()})
+    saved["machine"] = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    path.write_text(json.dumps(saved, indent=2) + "\n")
+
+
+def plot(curves: pathlib.Path, png: pathlib.Path, copy_bleu: float | None = None) -> None:
+    """Validation BLEU against training minutes, one line per recipe and corpus; a dashed
+    line at `copy_bleu` (the copy-the-source baseline on the same verses) if given."""
+    timings_path = curves.parent / "timings.json"
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,7 +226,9 @@ def plot(curves: pathlib.Path, png: pathlib.Path) -> None:
     points: dict[tuple[str, str], list] = {}
     for line in curves.read_text().splitlines():
         p = json.loads(line)
-        points.setdefault((p["corpus"], p["recipe"]), []).append((p["minutes"], p["bleu"]))
+        seconds = timings.get(p["recipe"]) or timings.get(SAME_COST.get(p["recipe"], ""))
+        minutes = p["step"] * seconds / 60 if seconds else p["minutes"]
+        points.setdefault((p["corpus"], p["recipe"]), []).append((minutes, p["bleu"]))
     corpora = sorted({c for c, _ in points})
     fig, axes = plt.subplots(1, len(corpora), figsize=(6 * len(corpora), 4), squeeze=False)
     for ax, corpus in zip(axes[0], corpora, strict=True):
@@ -183,6 +236,8 @@ def plot(curves: pathlib.Path, png: pathlib.Path) -> None:
             if c == corpus:
                 xs, ys = zip(*sorted(xy), strict=True)
                 ax.plot(xs, ys, marker="o", label=recipe)
+        if copy_bleu is not None:
+            ax.axhline(copy_bleu, color="gray", linestyle="--", label="copy the source")
         ax.set(title=corpus, xlabel="training minutes (2-core CPU)", ylabel="validation BLEU")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -205,6 +260,12 @@ def main() -> None:
         help="skip the timing run and use this (for recipes with the same shapes)",
     )
     parser.add_argument("--out", default="runs/recipe_study")
+    parser.add_argument(
+        "--time-only",
+        action="store_true",
+        help="only measure seconds per step of the recipes, side by side (timings.json)",
+    )
+    parser.add_argument("--copy-bleu", type=float, help="draw the copy baseline at this BLEU")
     parser.add_argument("--plot", help="write the curves of --out/curves.jsonl to this PNG")
     args = parser.parse_args()
     out = pathlib.Path(args.out)
@@ -213,10 +274,13 @@ def main() -> None:
     for item in args.set:
         field, _, value = item.partition("=")
         common[field] = _parse_value(value)
-    for name in args.recipe:
-        run_recipe(name, {**RECIPES[name], **common}, args, out)
+    if args.time_only:
+        time_recipes(args.recipe, common, args, out)
+    else:
+        for name in args.recipe:
+            run_recipe(name, {**RECIPES[name], **common}, args, out)
     if args.plot:
-        plot(out / "curves.jsonl", pathlib.Path(args.plot))
+        plot(out / "curves.jsonl", pathlib.Path(args.plot), args.copy_bleu)
 
 
 if __name__ == "__main__":

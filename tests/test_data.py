@@ -588,3 +588,27 @@ def test_copied_target_pairs_repeat_targets_as_sources():
     assert copied_target_pairs(pairs, 0.5, seed=0) == copies  # a fixed choice per seed
     assert copied_target_pairs(pairs, 0.0, seed=0) == []
     assert len(copied_target_pairs(pairs, 1.0, seed=0)) == 10
+
+
+def test_dataset_with_copied_targets_counts_them_apart(tmp_path):
+    from train_helpers import tiny_config, write_tiny_tsv
+
+    from train import input_pipeline
+
+    config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5)
+    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), tmp_path)
+    dataset = input_pipeline.build_dataset(config, tmp_path)
+    assert dataset.sizes["train"] == plain.sizes["train"]
+    assert dataset.sizes["copied"] == pytest.approx(0.5 * plain.sizes["train"], abs=1)
+    epoch = dataset.build_epoch(np.random.default_rng(0))
+    rows = sum(int(np.count_nonzero(batch["src"].any(axis=1))) for batch in epoch)  # not padding
+    assert rows == dataset.sizes["train"] + dataset.sizes["copied"]
+    # Copies have their target as source: src == tgt_out without its EOS.
+    copies = [
+        (s, t)
+        for batch in epoch
+        for s, t in zip(batch["src"], batch["tgt_out"], strict=True)
+        if np.array_equal(s[s != 0], t[t != 0][:-1])
+    ]
+    assert len(copies) >= dataset.sizes["copied"]
+    assert plain.sizes["copied"] == 0

@@ -32,7 +32,8 @@ class Dataset:
         valid_examples: validation texts: (source, target) pairs or lines.
         chars_per_token: validation characters per target token (EOS counted as one
             character, the line break), to turn nats per token into bits per character.
-        sizes: example counts: train/valid/test and how many were dropped as too long.
+        sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
+            valid/test, and how many were dropped as too long.
     """
 
     task: str
@@ -184,15 +185,18 @@ def build_dataset(
         )
     tokenizer = make_tokenizer(config, workdir, splits.train)
     train_ids = _encode(tokenizer, splits.train)
+    copies = []  # (target, target) pairs, chosen among all training pairs before filtering
     if task == "translation" and config.copied_targets:
-        train_ids += copied_target_pairs(train_ids, config.copied_targets, config.seed)
+        copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
-    for name, ids in (("train", train_ids), ("validation", valid_ids)):
+    for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
         data.check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
     valid_texts = list(splits.valid)
     dropped = 0
     if not config.packed:
         train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task)
+        copies, dropped_copies = data.filter_by_length(copies, config.max_len, task)
+        dropped += dropped_copies
         fits = [data.example_length(ids, task) <= config.max_len for ids in valid_ids]
         valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
         valid_texts = [text for text, keep in zip(valid_texts, fits, strict=True) if keep]
@@ -217,12 +221,13 @@ def build_dataset(
     return Dataset(
         task=task,
         tokenizer=tokenizer,
-        build_epoch=lambda rng: _batches(config, task, train_ids, rng, num_devices),
+        build_epoch=lambda rng: _batches(config, task, train_ids + copies, rng, num_devices),
         eval_batches=eval_batches,
         valid_examples=valid_texts,
         chars_per_token=num_chars / num_tokens,
         sizes={
             "train": len(train_ids),
+            "copied": len(copies),
             "valid": len(valid_ids),
             "test": len(splits.test),
             "dropped_too_long": dropped,
