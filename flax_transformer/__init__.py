@@ -5,7 +5,7 @@ Layers of the package (imports point down only):
   decoding    KV-cache generation: generate_translation, generate_text (greedy, sampling, beam)
   interop     weight import from torch.nn.Transformer and Hugging Face GPT-2 (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
-  layers      LayerNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
+  layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, layer norm, positions, feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
 
@@ -22,10 +22,12 @@ from flax_transformer.functional import (
     combine_masks,
     dot_product_attention,
     feed_forward,
+    gated_feed_forward,
     label_smoothed_cross_entropy,
     layer_norm,
     multi_head_attention,
     padding_mask,
+    rms_norm,
     simple_self_attention,
     sinusoidal_positions,
 )
@@ -42,6 +44,7 @@ from flax_transformer.layers import (
     LayerNorm,
     MultiHeadAttention,
     PositionalEncoding,
+    RMSNorm,
 )
 from flax_transformer.models import DecoderOnlyTransformer, Transformer, check_tokens
 
@@ -59,6 +62,7 @@ __all__ = [
     "LayerNorm",
     "MultiHeadAttention",
     "PositionalEncoding",
+    "RMSNorm",
     "Transformer",
     "TransformerConfig",
     "causal_mask",
@@ -68,6 +72,7 @@ __all__ = [
     "decoder_only_params_from_torch_encoder",
     "dot_product_attention",
     "feed_forward",
+    "gated_feed_forward",
     "generate_text",
     "generate_translation",
     "gpt2_config",
@@ -76,6 +81,7 @@ __all__ = [
     "load_gpt2",
     "multi_head_attention",
     "padding_mask",
+    "rms_norm",
     "simple_self_attention",
     "sinusoidal_positions",
     "transformer_params_from_torch",

@@ -11,7 +11,8 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 # Choices of the fields one layer reads (LayerConfig and TransformerConfig).
 _LAYER_CHOICES = {
     "norm_position": ("pre", "post"),
-    "activation": ("relu", "gelu", "gelu_tanh"),
+    "norm": ("layernorm", "rmsnorm"),
+    "activation": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
     "attention_impl": ("xla", "jax_nn"),
 }
 _CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned")}
@@ -82,8 +83,14 @@ class LayerConfig:
     dropout_rate: float = 0.1  # on every residual branch
     attention_dropout_rate: float = 0.0  # on attention weights
     norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
-    activation: str = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
+    norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
+    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
+    # width d_ff): 'swiglu' (Llama), 'geglu'
+    activation: str = "relu"
     use_bias: bool = True  # biases in projections, feed-forward and LayerNorm
+    attention_bias: bool | None = None  # biases of the Q/K/V/output projections; None = use_bias
+    ffn_bias: bool | None = None  # biases of the feed-forward kernels; None = use_bias
+    norm_bias: bool | None = None  # LayerNorm shift (RMSNorm has none); None = use_bias
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02  # normal init std of every projection kernel
     attention_impl: str = "xla"  # 'xla' or 'jax_nn' (see TransformerConfig)
@@ -119,10 +126,17 @@ class TransformerConfig:
     attention_dropout_rate: float = 0.0  # on attention weights
     pad_id: int = 0  # padding token id, masked everywhere
     norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     final_norm: bool | None = None  # LayerNorm after each stack; None = only for pre-norm
     positional: str = "sinusoidal"  # 'sinusoidal' (paper) or 'learned' (GPT-2)
-    activation: str = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
-    use_bias: bool = True  # biases in projections and feed-forward
+    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
+    # width d_ff): 'swiglu' (Llama), 'geglu'
+    activation: str = "relu"
+    use_bias: bool = True  # biases in projections, feed-forward and LayerNorm
+    attention_bias: bool | None = None  # biases of the Q/K/V/output projections; None = use_bias
+    ffn_bias: bool | None = None  # biases of the feed-forward kernels; None = use_bias
+    norm_bias: bool | None = None  # LayerNorm shift (RMSNorm has none); None = use_bias
+    output_bias: bool = False  # a bias on the logits (the Flax lm1b example has one)
     layer_norm_eps: float = 1e-5
     share_embeddings: bool = True  # one embedding for source and target tokens
     tie_output_embedding: bool = True  # logits = x @ target_embedding^T

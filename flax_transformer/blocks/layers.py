@@ -16,7 +16,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.config import LayerConfig, TransformerConfig
-from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention
+from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention, RMSNorm
 
 
 def as_layer_config(config: LayerConfig | TransformerConfig) -> LayerConfig:
@@ -40,11 +40,26 @@ def check_width(owner: str, name: str, x: jax.Array, d_model: int) -> None:
         )
 
 
-def make_layer_norm(config: LayerConfig | TransformerConfig, name: str) -> LayerNorm:
-    """A `LayerNorm` module named `name` with the config's eps, bias and dtypes."""
+def bias_switch(config: LayerConfig | TransformerConfig, field: str) -> bool:
+    """A component's bias switch (`attention_bias`, `ffn_bias`, `norm_bias`): its own value,
+    or `use_bias` where it is None."""
+    value = getattr(config, field)
+    return config.use_bias if value is None else value
+
+
+def make_layer_norm(config: LayerConfig | TransformerConfig, name: str) -> LayerNorm | RMSNorm:
+    """The config's norm (`LayerNorm`, or `RMSNorm` for norm='rmsnorm') named `name`, with
+    its eps (`layer_norm_eps` for both), bias and dtypes."""
+    if config.norm == "rmsnorm":
+        return RMSNorm(
+            epsilon=config.layer_norm_eps,
+            dtype=config.dtype,
+            param_dtype=config.param_dtype,
+            name=name,
+        )
     return LayerNorm(
         epsilon=config.layer_norm_eps,
-        use_bias=config.use_bias,
+        use_bias=bias_switch(config, "norm_bias"),
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         name=name,
@@ -56,7 +71,7 @@ def _attention(config: LayerConfig, name: str, cross: bool = False) -> MultiHead
         num_heads=config.num_heads,
         cross=cross,
         dropout_rate=config.attention_dropout_rate,
-        use_bias=config.use_bias,
+        use_bias=bias_switch(config, "attention_bias"),
         impl=config.attention_impl,
         init_std=config.init_std,
         dtype=config.dtype,
@@ -69,7 +84,7 @@ def _feed_forward(config: LayerConfig) -> FeedForward:
     return FeedForward(
         d_ff=config.d_ff,
         activation=config.activation,
-        use_bias=config.use_bias,
+        use_bias=bias_switch(config, "ffn_bias"),
         init_std=config.init_std,
         dtype=config.dtype,
         param_dtype=config.param_dtype,

@@ -212,16 +212,25 @@ class Decoder(nn.Module):
             out = y_BTD
         elif cfg.tie_output_embedding:
             out = self.embed.attend(y_BTD).astype(jnp.float32)
+            if cfg.output_bias:
+                bias = self.param(
+                    "logits_bias",
+                    partitioned(nn.initializers.zeros_init(), (axes.VOCAB,)),
+                    (cfg.output_vocab_size,),
+                    cfg.param_dtype,
+                )
+                out = out + bias.astype(jnp.float32)
         else:
             out = nn.DenseGeneral(
                 cfg.output_vocab_size,
-                use_bias=False,
+                use_bias=cfg.output_bias,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
                 name="logits",
                 kernel_init=partitioned(
                     nn.initializers.normal(cfg.init_std), (axes.EMBED, axes.VOCAB)
                 ),
+                bias_init=partitioned(nn.initializers.zeros_init(), (axes.VOCAB,)),
             )(y_BTD).astype(jnp.float32)
         return out if cache is None else (out, cache)
 

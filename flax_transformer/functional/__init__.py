@@ -14,29 +14,32 @@ from flax_transformer.functional.attention import (
     simple_self_attention,
     softmax_dtype,
 )
-from flax_transformer.functional.feed_forward import feed_forward
+from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
     causal_mask,
     combine_masks,
     padding_mask,
 )
-from flax_transformer.functional.norms import LAYER_NORM_EPS, layer_norm
+from flax_transformer.functional.norms import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from flax_transformer.functional.positions import sinusoidal_positions
 
 __all__ = [
     "LAYER_NORM_EPS",
     "MASK_RANKS",
     "MASK_VALUE",
+    "RMS_NORM_EPS",
     "broadcast_mask",
     "causal_mask",
     "combine_masks",
     "dot_product_attention",
     "feed_forward",
+    "gated_feed_forward",
     "label_smoothed_cross_entropy",
     "layer_norm",
     "multi_head_attention",
     "padding_mask",
+    "rms_norm",
     "simple_self_attention",
     "sinusoidal_positions",
     "softmax_dtype",

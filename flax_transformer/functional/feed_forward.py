@@ -35,3 +35,38 @@ def feed_forward(
     if b2_D is not None:
         y = y + b2_D
     return y
+
+
+def gated_feed_forward(
+    x_TD: jax.Array,
+    wg_DF: jax.Array,
+    wu_DF: jax.Array,
+    wd_FD: jax.Array,
+    activation: Callable[[jax.Array], jax.Array] = jax.nn.silu,
+    biases: tuple[jax.Array, jax.Array, jax.Array] | None = None,
+) -> jax.Array:
+    """Gated linear unit feed-forward (Shazeer 2020, "GLU Variants Improve Transformer"):
+
+        FFN(x) = (activation(x Wg) * (x Wu)) Wd
+
+    SwiGLU (Llama) uses SiLU as the activation, GEGLU uses GELU.
+
+    Args:
+      x_TD: inputs `(..., D)`.
+      wg_DF: gate projection `(D, F)`.
+      wu_DF: up projection `(D, F)`.
+      wd_FD: down projection `(F, D)`.
+      activation: applied to the gate.
+      biases: `(bg (F,), bu (F,), bd (D,))`, or None for none (Llama has none).
+
+    Returns:
+      `(..., D)`.
+    """
+    gate = jnp.einsum("...d,df->...f", x_TD, wg_DF)
+    up = jnp.einsum("...d,df->...f", x_TD, wu_DF)
+    if biases is not None:
+        gate, up = gate + biases[0], up + biases[1]
+    y = jnp.einsum("...f,fd->...d", activation(gate) * up, wd_FD)
+    if biases is not None:
+        y = y + biases[2]
+    return y

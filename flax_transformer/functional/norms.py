@@ -47,3 +47,30 @@ def layer_norm(
     if bias is not None:
         y = y + bias.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+# Llama's RMSNorm epsilon (its reference implementation and Hugging Face's default).
+RMS_NORM_EPS = 1e-6
+
+
+def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -> jax.Array:
+    """Root-mean-square normalisation (Zhang & Sennrich 2019), as in Llama:
+
+        y = x / sqrt(mean(x^2) + eps) * scale
+
+    LayerNorm without the centring and the shift: the mean is not subtracted, and there is no
+    bias. Statistics are computed in float32 and the result is cast back to `x.dtype`.
+
+    Args:
+      x: `(..., D)`.
+      scale: `(D,)` gain, or None for 1.
+      eps: added to the mean square.
+
+    Returns:
+      `(..., D)`.
+    """
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32)
+    return y.astype(x.dtype)

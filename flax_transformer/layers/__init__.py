@@ -3,6 +3,13 @@
 from flax_transformer.layers.attention import MultiHeadAttention
 from flax_transformer.layers.embeddings import Embed, PositionalEncoding
 from flax_transformer.layers.feed_forward import FeedForward
-from flax_transformer.layers.norm import LayerNorm
+from flax_transformer.layers.norm import LayerNorm, RMSNorm
 
-__all__ = ["Embed", "FeedForward", "LayerNorm", "MultiHeadAttention", "PositionalEncoding"]
+__all__ = [
+    "Embed",
+    "FeedForward",
+    "LayerNorm",
+    "MultiHeadAttention",
+    "PositionalEncoding",
+    "RMSNorm",
+]

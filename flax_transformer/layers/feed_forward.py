@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import feed_forward
+from flax_transformer.functional import feed_forward, gated_feed_forward
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 ACTIVATIONS = {
@@ -20,13 +20,24 @@ ACTIVATIONS = {
 }
 
 
+# Gated variants (Shazeer 2020): the activation applied to the gate projection.
+GATED_ACTIVATIONS = {
+    "swiglu": jax.nn.silu,  # Llama, Mistral, Qwen2
+    "geglu": lambda x: jax.nn.gelu(x, approximate=False),
+}
+
+
 class FeedForward(nn.Module):
-    """Position-wise MLP `D -> F -> D` (seed 000: FFN).
+    """Position-wise MLP `D -> F -> D` (seed 000: FFN), or its gated variant.
+
+    With activation 'swiglu' or 'geglu' it is `(act(x Wg) * (x Wu)) Wd`
+    (`functional.gated_feed_forward`): three kernels `wg_kernel`, `wi_kernel` (up) and
+    `wo_kernel` (down) instead of two; F is the hidden width of both.
 
     Attributes:
       d_ff: hidden width F.
-      activation: 'relu', 'gelu' or 'gelu_tanh'.
-      use_bias: learn biases b1, b2.
+      activation: 'relu', 'gelu', 'gelu_tanh', or gated: 'swiglu', 'geglu'.
+      use_bias: learn biases (b1, b2; gated: bg, bu, bd).
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
       dtype, param_dtype: compute and storage dtypes.
     """
@@ -38,37 +49,49 @@ class FeedForward(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
+    def _kernel(self, name: str, shape: tuple[int, int], names: tuple[str, str]) -> jax.Array:
+        init = partitioned(nn.initializers.normal(self.init_std), names)
+        return self.param(name, init, shape, self.param_dtype).astype(self.dtype)
+
+    def _bias(self, name: str, size: int, axis: str) -> jax.Array:
+        init = partitioned(zeros_init, (axis,))
+        return self.param(name, init, (size,), self.param_dtype).astype(self.dtype)
+
+    def _gated(self, x_BTD: jax.Array) -> jax.Array:
+        width = x_BTD.shape[-1]
+        wg = self._kernel("wg_kernel", (width, self.d_ff), (axes.EMBED, axes.MLP))
+        wu = self._kernel("wi_kernel", (width, self.d_ff), (axes.EMBED, axes.MLP))
+        wd = self._kernel("wo_kernel", (self.d_ff, width), (axes.MLP, axes.EMBED))
+        biases = None
+        if self.use_bias:
+            biases = (
+                self._bias("wg_bias", self.d_ff, axes.MLP),
+                self._bias("wi_bias", self.d_ff, axes.MLP),
+                self._bias("wo_bias", width, axes.EMBED),
+            )
+        return gated_feed_forward(
+            x_BTD.astype(self.dtype), wg, wu, wd, GATED_ACTIVATIONS[self.activation], biases
+        )
+
     @nn.compact
     def __call__(self, x_BTD: jax.Array) -> jax.Array:
         """x `(..., D)` -> `(..., D)`."""
+        if self.activation in GATED_ACTIVATIONS:
+            y = self._gated(x_BTD)
+            chex.assert_equal_shape([y, x_BTD])
+            return y
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"FeedForward.activation={self.activation!r} is not one of "
+                f"{sorted(ACTIVATIONS) + sorted(GATED_ACTIVATIONS)}."
+            )
         width = x_BTD.shape[-1]
-        w1 = self.param(
-            "wi_kernel",
-            partitioned(nn.initializers.normal(self.init_std), (axes.EMBED, axes.MLP)),
-            (width, self.d_ff),
-            self.param_dtype,
-        )
-        w2 = self.param(
-            "wo_kernel",
-            partitioned(nn.initializers.normal(self.init_std), (axes.MLP, axes.EMBED)),
-            (self.d_ff, width),
-            self.param_dtype,
-        )
+        w1 = self._kernel("wi_kernel", (width, self.d_ff), (axes.EMBED, axes.MLP))
+        w2 = self._kernel("wo_kernel", (self.d_ff, width), (axes.MLP, axes.EMBED))
         b1 = b2 = None
         if self.use_bias:
-            b1 = self.param(
-                "wi_bias", partitioned(zeros_init, (axes.MLP,)), (self.d_ff,), self.param_dtype
-            ).astype(self.dtype)
-            b2 = self.param(
-                "wo_bias", partitioned(zeros_init, (axes.EMBED,)), (width,), self.param_dtype
-            ).astype(self.dtype)
-        y = feed_forward(
-            x_BTD.astype(self.dtype),
-            w1.astype(self.dtype),
-            b1,
-            w2.astype(self.dtype),
-            b2,
-            ACTIVATIONS[self.activation],
-        )
+            b1 = self._bias("wi_bias", self.d_ff, axes.MLP)
+            b2 = self._bias("wo_bias", width, axes.EMBED)
+        y = feed_forward(x_BTD.astype(self.dtype), w1, b1, w2, b2, ACTIVATIONS[self.activation])
         chex.assert_equal_shape([y, x_BTD])
         return y

@@ -1,4 +1,4 @@
-"""LayerNorm module around `functional.layer_norm`."""
+"""LayerNorm and RMSNorm modules around `functional.layer_norm` and `functional.rms_norm`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import LAYER_NORM_EPS, layer_norm
+from flax_transformer.functional import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from flax_transformer.layers.initializers import ones_init, partitioned, zeros_init
 
 
@@ -45,3 +45,25 @@ class LayerNorm(nn.Module):
             )
         y = layer_norm(x, scale, bias, self.epsilon, eps_inside_sqrt=self.eps_inside_sqrt)
         return y.astype(self.dtype or x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation over the last axis with a learned gain (Llama).
+
+    Attributes:
+      epsilon: the constant added to the mean square.
+      dtype: output dtype (statistics are float32 regardless); None keeps the input's.
+      param_dtype: storage dtype of the scale.
+    """
+
+    epsilon: float = RMS_NORM_EPS
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """x `(..., D)` -> `(..., D)`."""
+        scale = self.param(
+            "scale", partitioned(ones_init, (axes.EMBED,)), (x.shape[-1],), self.param_dtype
+        )
+        return rms_norm(x, scale, self.epsilon).astype(self.dtype or x.dtype)
