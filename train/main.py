@@ -8,6 +8,7 @@ Rerunning a command resumes from its work directory's latest checkpoint.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import sys
@@ -38,6 +39,36 @@ def _override_error(err: Exception, argv: list[str]) -> str:
     )
 
 
+def _config_path(argv: list[str]) -> str:
+    """The --config file named on the command line (`--config X` or `--config=X`)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-config") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--config=", "-config=")):
+            return arg.split("=", 1)[1]
+    return DEFAULT_CONFIG
+
+
+def _config_file_error(err: Exception, argv: list[str]) -> str:
+    """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
+    path = _config_path(argv)
+    fix = "pass a config file such as --config configs/default.py"
+    if isinstance(err, SyntaxError):
+        return (
+            f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
+            "fix the file, or " + fix
+        )
+    file = pathlib.Path(path)
+    if not file.exists():
+        return f"--config {path}: no such file ; check the path, or {fix}"
+    if file.is_dir():
+        return f"--config {path}: is a directory, not a file ; {fix}"
+    if not os.access(file, os.R_OK):
+        return f"--config {path}: cannot be read (permission denied) ; fix its permissions"
+    what = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
+
+
 def define_config_flag(argv: list[str]) -> None:
     """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
 
@@ -61,6 +92,8 @@ def parse_flags(argv: list[str]) -> list[str]:
         return FLAGS(argv)
     except (AttributeError, KeyError) as err:
         die(_override_error(err, argv), USAGE_ERROR)
+    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
+        die(_config_file_error(err, argv), USAGE_ERROR)
     except flags.Error as err:
         die(str(err), USAGE_ERROR)
 
@@ -71,8 +104,8 @@ def main(argv: list[str]) -> None:
     config = FLAGS.config
     try:
         config.lock  # an unreadable config file raises when first touched  # noqa: B018
-    except OSError as err:
-        die(f"--config: {err}", USAGE_ERROR)
+    except (OSError, SyntaxError) as err:
+        die(_config_file_error(err, sys.argv), USAGE_ERROR)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
     from train import train_lib
