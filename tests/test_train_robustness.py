@@ -1,16 +1,20 @@
 """Issue 12: the training program's failure modes each end in one line and a documented exit
 status (2 = usage: flag, config, data file; 1 = runtime: I/O, damaged checkpoint, lock held)."""
 
+import errno
 import math
+import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
-from train_helpers import tiny_config
+from train_helpers import tiny_config, write_tiny_tsv
 
 from train import config_lib
-from train.cli import USAGE_ERROR
+from train import workdir as workdir_lib
+from train.cli import RUN_ERROR, USAGE_ERROR
+from train.errors import RunFailure
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -34,11 +38,12 @@ def _run_main(*args, timeout=120):
 
 
 def _one_error_line(result) -> str:
-    """The single `error: ...` line a failing run prints, checked to be alone on stderr."""
+    """The single `error: ...` line a failing run prints last (after any log lines)."""
     lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
     assert "Traceback" not in result.stderr, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    return errors[0]
 
 
 def test_missing_config_file_with_an_override_is_a_usage_error(tmp_path):
@@ -58,3 +63,67 @@ def test_config_file_with_a_syntax_error_is_a_usage_error(override, tmp_path):
     line = _one_error_line(result)
     assert line.startswith(f"error: --config {bad}: invalid syntax at line 1")
     assert "; fix the file" in line
+
+
+def _tiny_args(tmp_path, workdir) -> list[str]:
+    """Command-line flags for a run of a few seconds on the toy corpus."""
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=2, bleu_examples=0)
+    flat = {
+        k: config[k]
+        for k in ("corpus", "corpus_path", "tokenizer", "max_len", "batch_size")
+        + ("tokens_per_batch", "num_train_steps", "bleu_examples", "report_beam_size")
+        + ("copied_targets", "copy_baseline", "bleu_every_steps", "num_samples")
+        + ("max_decode_len", "warmup_steps", "test_fraction", "valid_fraction")
+    }
+    args = [f"--config.{k}={v}" for k, v in flat.items()]
+    args += [f"--config.model.{k}={config.model[k]}" for k in ("d_model", "d_ff", "num_layers")]
+    return [*args, "--config.bucket_lengths=(16,)", "--workdir", str(workdir)]
+
+
+def test_workdir_that_is_a_regular_file_is_a_usage_error(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.write_text("not a directory\n")
+    result = _run_main(*_tiny_args(tmp_path, workdir))
+    assert result.returncode == USAGE_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: --workdir {workdir}: {workdir} is a regular file")
+    assert "; pass a directory" in line
+
+
+def test_unwritable_workdir_is_a_run_failure(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", read_only)
+    with pytest.raises(RunFailure, match=r"--workdir .*run: cannot write there \(Read-only"):
+        workdir_lib.prepare_workdir(tmp_path / "run")
+
+
+def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
+    # Root ignores permissions, so the read-only mount is simulated inside the child.
+    workdir = tmp_path / "run"
+    script = (
+        "import errno, os, sys, tempfile\n"
+        "real = tempfile.mkstemp\n"
+        "def mkstemp(*a, dir=None, **k):\n"
+        f"    if str(dir) == {str(workdir)!r}:\n"
+        "        raise OSError(errno.EROFS, os.strerror(errno.EROFS))\n"
+        "    return real(*a, dir=dir, **k)\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "from train import main\n"
+        "sys.argv = ['train.main', *sys.argv[1:]]\n"
+        "main.run()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == RUN_ERROR
+    line = _one_error_line(result)
+    assert line == (
+        f"error: --workdir {workdir}: cannot write there (Read-only file system) ; choose a "
+        "writable --workdir, or fix its permissions or mount."
+    )

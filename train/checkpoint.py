@@ -14,6 +14,8 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from train.errors import CheckpointError
+
 CHECKPOINT_DIR = "checkpoints"
 _STATE, _PROGRESS = "state", "progress"
 
@@ -80,7 +82,8 @@ class Checkpointer:
 
         Raises:
             FileNotFoundError: there is no checkpoint.
-            ValueError: the checkpoint does not match this model or is corrupt.
+            CheckpointError: the checkpoint does not match this model or is corrupt (a
+                ValueError and a RunFailure).
         """
         step = self.latest_step() if step is None else step
         if step is None:
@@ -96,7 +99,7 @@ class Checkpointer:
                 ),
             )
         except Exception as err:  # orbax raises many types for shape/structure/IO errors
-            raise ValueError(
+            raise CheckpointError(
                 f"Checkpoint {self.directory / str(step)} cannot be restored into this model "
                 f"({type(err).__name__}: {err}). It is corrupt or from a different config; "
                 "delete it or use a fresh --workdir."

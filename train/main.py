@@ -4,6 +4,12 @@ With no flags it trains the default (configs/default.py: Japanese -> English Bib
 translation, ~10 minutes on a laptop CPU) in ./runs/default. Override any config field with
 `--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
+
+Exit status (train.errors): 0 when done; 2 for a usage error, fixed on the command line (a
+bad flag, config file or value, a missing or malformed data file, a --workdir that is a
+file); 1 for a run failure (a work directory that cannot be written, a disk full or other
+I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
+Either way stderr gets one line, `error: <what> ; <fix>`.
 """
 
 from __future__ import annotations
@@ -110,14 +116,21 @@ def main(argv: list[str]) -> None:
     # Imported after flag parsing: jax starts only for a valid command line.
     from train import train_lib
     from train.corpora import CorpusNotFoundError
+    from train.errors import RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     try:
         train_lib.train_and_evaluate(config, FLAGS.workdir)
+    except RunFailure as err:  # first: a damaged checkpoint is also a ValueError
+        die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError, CorpusNotFoundError) as err:
         die(str(err), USAGE_ERROR)
-    except train_lib.TrainingDivergedError as err:
-        die(str(err), RUN_ERROR)
+    except OSError as err:  # I/O during the run: disk full, a file removed or unreadable
+        die(
+            f"{err} ; fix the cause and rerun the same command: it resumes from the last "
+            "checkpoint.",
+            RUN_ERROR,
+        )
 
 
 def run() -> None:

@@ -27,6 +27,7 @@ from train import config_lib, data, evaluate, input_pipeline, optim, steps
 from train.checkpoint import Checkpointer
 from train.metrics import MetricsWriter, plot_loss_curve
 from train.train_log import TrainingDivergedError, TrainLog, progress_bar
+from train.workdir import prepare_workdir
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
@@ -78,12 +79,14 @@ def train_and_evaluate(
         and BLEU/chrF with samples (translation) or samples (LM).
 
     Raises:
-        ValueError: a bad config value, corpus file or checkpoint.
-        TrainingDivergedError: the loss became NaN or infinite (names the step).
+        ValueError: a bad config value or corpus file, or a regular file as `workdir`.
+        RunFailure: `workdir` is not writable, or a checkpoint is damaged
+            (`CheckpointError`).
+        TrainingDivergedError: the loss became NaN or infinite (names the step); a
+            RunFailure too.
     """
     config_lib.validate_config(config)
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = prepare_workdir(workdir)
     checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
     try:
         return _run(config, workdir, checkpointer, step_callback)
