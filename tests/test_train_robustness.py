@@ -11,7 +11,7 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import config_lib
+from train import config_lib, metrics, train_lib
 from train import workdir as workdir_lib
 from train.cli import RUN_ERROR, USAGE_ERROR
 from train.errors import RunFailure
@@ -127,3 +127,19 @@ def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
         f"error: --workdir {workdir}: cannot write there (Read-only file system) ; choose a "
         "writable --workdir, or fix its permissions or mount."
     )
+
+
+def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
+    # A kill between the final checkpoint and results.json: the rerun restores the final step
+    # and evaluates it again, which must not log its valid (or bleu) record a second time.
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=4)
+    workdir = tmp_path / "run"
+    train_lib.train_and_evaluate(config, str(workdir))
+    before = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    (workdir / train_lib.RESULTS_FILE).unlink()
+    train_lib.train_and_evaluate(config, str(workdir))
+    after = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    keys = [(r["step"], r["split"]) for r in after]
+    assert len(keys) == len(set(keys)), keys
+    assert after == before
+    assert (workdir / train_lib.RESULTS_FILE).is_file()
