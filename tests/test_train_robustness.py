@@ -143,3 +143,40 @@ def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
     assert len(keys) == len(set(keys)), keys
     assert after == before
     assert (workdir / train_lib.RESULTS_FILE).is_file()
+
+
+_HOLD_LOCK = (
+    "import sys, time\n"
+    "from train.workdir import WorkdirLock\n"
+    "with WorkdirLock(sys.argv[1]):\n"
+    "    print('locked', flush=True)\n"
+    "    time.sleep(120)\n"
+)
+
+
+def test_second_run_on_a_locked_workdir_exits_naming_the_holder(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(workdir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        result = _run_main(*_tiny_args(tmp_path, workdir))
+        assert result.returncode == RUN_ERROR
+        line = _one_error_line(result)
+        assert line.startswith(
+            f"error: --workdir {workdir} is in use by another run (pid {holder.pid} on "
+        )
+        assert "; wait for it to finish or stop it, or pass another --workdir." in line
+        assert not (workdir / "checkpoints").exists()  # refused before writing anything
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the flock, the lock file stays
+        holder.wait()
+    # A lock file left by a killed run is not stale: the next run takes the lock.
+    assert (workdir / workdir_lib.LOCK_FILE).exists()
+    with workdir_lib.WorkdirLock(workdir):
+        pass

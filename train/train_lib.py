@@ -1,6 +1,7 @@
 """`train_and_evaluate(config, workdir)`: the training program, importable from a notebook.
 
-One run = one work directory:
+One run = one work directory (locked while the run writes it, see train.workdir):
+  workdir/lock               the pid and host of the run holding the directory's flock
   workdir/config.json        the config of the run (a rerun must keep its identity fields)
   workdir/spm_<V>.model      the SentencePiece model, trained on the train split on first use
   workdir/checkpoints/<step> orbax checkpoints: train state + data-stream position
@@ -27,7 +28,7 @@ from train import config_lib, data, evaluate, input_pipeline, optim, steps
 from train.checkpoint import Checkpointer
 from train.metrics import MetricsWriter, plot_loss_curve
 from train.train_log import TrainingDivergedError, TrainLog, progress_bar
-from train.workdir import prepare_workdir
+from train.workdir import WorkdirLock, prepare_workdir
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
@@ -80,18 +81,19 @@ def train_and_evaluate(
 
     Raises:
         ValueError: a bad config value or corpus file, or a regular file as `workdir`.
-        RunFailure: `workdir` is not writable, or a checkpoint is damaged
-            (`CheckpointError`).
+        RunFailure: `workdir` is not writable, is locked by another run
+            (`WorkdirLockedError`), or a checkpoint is damaged (`CheckpointError`).
         TrainingDivergedError: the loss became NaN or infinite (names the step); a
             RunFailure too.
     """
     config_lib.validate_config(config)
     workdir = prepare_workdir(workdir)
-    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
-    try:
-        return _run(config, workdir, checkpointer, step_callback)
-    finally:
-        checkpointer.close()
+    with WorkdirLock(workdir):  # one run per work directory; released on any exit
+        checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+        try:
+            return _run(config, workdir, checkpointer, step_callback)
+        finally:
+            checkpointer.close()
 
 
 def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callback) -> dict:

@@ -1,12 +1,23 @@
-"""The work directory of a run: created and checked before any compute is spent."""
+"""The work directory of a run: created, checked and locked before any compute is spent.
+
+Only one run may write a work directory at a time: `WorkdirLock` holds an exclusive
+`fcntl.flock` on `workdir/lock` for the whole run. The kernel releases a flock when its
+process exits, however it exits (a kill -9 or a crash included), so a lock file left behind
+is never stale: the next run simply takes the lock. The file keeps the holder's pid and host
+only to name them in the message of a run that finds the directory in use.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pathlib
+import socket
 import tempfile
 
 from train.errors import RunFailure
+
+LOCK_FILE = "lock"
 
 
 def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
@@ -42,3 +53,50 @@ def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
             "writable --workdir, or fix its permissions or mount."
         ) from err
     return path
+
+
+class WorkdirLockedError(RunFailure):
+    """Another process holds the work directory's lock."""
+
+
+class WorkdirLock:
+    """An exclusive lock on a work directory, held from `__enter__` to `__exit__`.
+
+    Usage: `with WorkdirLock(workdir): ...`. Not reentrant; the lock is per open file, so
+    a second `WorkdirLock` on the same directory fails even within one process.
+    """
+
+    def __init__(self, workdir: str | os.PathLike):
+        """Args: workdir: an existing run directory."""
+        self.workdir = pathlib.Path(workdir)
+        self.path = self.workdir / LOCK_FILE
+        self._file = None
+
+    def __enter__(self) -> WorkdirLock:
+        """Takes the lock, or raises WorkdirLockedError naming the holder's pid and host."""
+        file = open(self.path, "a+")  # noqa: SIM115 -- held open until __exit__
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().split() or ["unknown", "unknown"]
+            file.close()
+            pid, host = (holder + ["unknown"])[:2]
+            raise WorkdirLockedError(
+                f"--workdir {self.workdir} is in use by another run (pid {pid} on {host}, "
+                f"lock {self.path}) ; wait for it to finish or stop it, or pass another "
+                "--workdir."
+            ) from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()} {socket.gethostname()}\n")
+        file.flush()
+        self._file = file
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """Releases the lock (the file stays: removing it would race with a new holder)."""
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
