@@ -5,6 +5,7 @@ import errno
 import math
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -180,3 +181,52 @@ def test_second_run_on_a_locked_workdir_exits_naming_the_holder(tmp_path):
     assert (workdir / workdir_lib.LOCK_FILE).exists()
     with workdir_lib.WorkdirLock(workdir):
         pass
+
+
+def test_atomic_write_leaves_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    workdir_lib.atomic_write_text(path, "old\n")
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workdir_lib.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        workdir_lib.atomic_write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temp file left
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 4-step run and its flags; tests copy its work directory before damaging it."""
+    tmp = tmp_path_factory.mktemp("finished")
+    args = _tiny_args(tmp, tmp / "run")
+    result = _run_main(*args, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return tmp / "run", args[:-2]
+
+
+@pytest.mark.parametrize("content", ["", '{"task": "transl'])
+def test_damaged_config_json_is_one_line_in_train_and_translate(content, finished_run, tmp_path):
+    run, args = finished_run
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    (workdir / "config.json").write_text(content)
+    what = "is empty" if not content else "is not valid JSON (Unterminated string"
+    train = _run_main(*args, "--config.num_train_steps=6", "--workdir", str(workdir))
+    assert train.returncode == RUN_ERROR
+    line = _one_error_line(train)
+    assert line.startswith(f"error: {workdir / 'config.json'} {what}")
+    assert "; delete it and rerun with the run's --config" in line
+    translate = subprocess.run(
+        [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert translate.returncode == RUN_ERROR
+    line = _one_error_line(translate)
+    assert line.startswith(f"error: {workdir / 'config.json'} {what}")
+    assert f"; delete it and rerun `python -m train.main --workdir {workdir}`" in line

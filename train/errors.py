@@ -17,3 +17,7 @@ class RunFailure(RuntimeError):
 class CheckpointError(RunFailure, ValueError):
     """A checkpoint cannot be restored. Also a ValueError, as `Checkpointer.restore` always
     documented."""
+
+
+class DamagedFileError(RunFailure, ValueError):
+    """A file a run wrote (config.json, results.json) is empty or not valid JSON."""

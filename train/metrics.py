@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from train.workdir import atomic_write_text
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -64,7 +66,7 @@ class MetricsWriter:
         kept = []
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         # (step, split) of every record in the file: a resumed run that evaluates a step again
         # (e.g. the final one, when results.json was lost) must not log it twice.
         self._written = {(r["step"], r["split"]) for r in kept}

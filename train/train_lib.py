@@ -28,7 +28,7 @@ from train import config_lib, data, evaluate, input_pipeline, optim, steps
 from train.checkpoint import Checkpointer
 from train.metrics import MetricsWriter, plot_loss_curve
 from train.train_log import TrainingDivergedError, TrainLog, progress_bar
-from train.workdir import WorkdirLock, prepare_workdir
+from train.workdir import WorkdirLock, atomic_write_text, prepare_workdir, read_json
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
@@ -38,14 +38,18 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
     """Writes config.json, or refuses to resume with different identity fields."""
     path = workdir / CONFIG_FILE
     if resuming and path.exists():
-        changed = config_lib.changed_identity_fields(json.loads(path.read_text()), config)
+        saved = read_json(
+            path,
+            "delete it and rerun with the run's --config and overrides: it is rewritten from them",
+        )
+        changed = config_lib.changed_identity_fields(saved, config)
         if changed:
             raise ValueError(
                 f"{workdir} holds checkpoints of a run with different {', '.join(changed)} "
                 f"(see {path}); resuming would not fit them. Use a fresh --workdir, or the "
                 "saved values."
             )
-    path.write_text(config.to_json(indent=2) + "\n")
+    atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
 def _tokens_in(batch: dict[str, np.ndarray]) -> int:
@@ -106,7 +110,10 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         and (workdir / RESULTS_FILE).exists()
     ):
         logging.info("%s already finished %d steps; its results:", workdir, latest)
-        results = json.loads((workdir / RESULTS_FILE).read_text())
+        results = read_json(
+            workdir / RESULTS_FILE,
+            "delete it and rerun: the final evaluation is redone from the last checkpoint",
+        )
         print(evaluate.format_report(results), flush=True)
         return results
     mesh = sharding_lib.make_mesh(data=-1)
@@ -212,6 +219,8 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
     writer.close()
     plot_loss_curve(workdir)
-    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / RESULTS_FILE, json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     print(evaluate.format_report(results), flush=True)
     return results

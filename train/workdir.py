@@ -10,12 +10,13 @@ only to name them in the message of a run that finds the directory in use.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pathlib
 import socket
 import tempfile
 
-from train.errors import RunFailure
+from train.errors import DamagedFileError, RunFailure
 
 LOCK_FILE = "lock"
 
@@ -53,6 +54,50 @@ def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
             "writable --workdir, or fix its permissions or mount."
         ) from err
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Replaces the file at `path` with `text` (UTF-8) all at once.
+
+    The text goes to a temporary file in the same directory, is flushed and fsync'ed, then
+    renamed over `path` (`os.replace` is atomic on POSIX): a kill or power loss leaves the
+    old file or the new one, never an empty or half-written file.
+    """
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike, fix: str):
+    """Parses a JSON file a run wrote.
+
+    Args:
+        path: the file (config.json, results.json).
+        fix: what to do when it is damaged, for the message.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        DamagedFileError: the file is empty or not valid JSON (names it and the fix).
+    """
+    text = pathlib.Path(path).read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise DamagedFileError(f"{path} is empty (a run was killed while writing it?) ; {fix}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DamagedFileError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}) ; {fix}"
+        ) from None
 
 
 class WorkdirLockedError(RunFailure):
