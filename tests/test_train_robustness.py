@@ -2,6 +2,7 @@
 status (2 = usage: flag, config, data file; 1 = runtime: I/O, damaged checkpoint, lock held)."""
 
 import errno
+import logging
 import math
 import os
 import pathlib
@@ -12,7 +13,7 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import config_lib, metrics, train_lib
+from train import config_lib, input_pipeline, metrics, train_lib
 from train import workdir as workdir_lib
 from train.cli import RUN_ERROR, USAGE_ERROR
 from train.errors import RunFailure
@@ -230,3 +231,18 @@ def test_damaged_config_json_is_one_line_in_train_and_translate(content, finishe
     line = _one_error_line(translate)
     assert line.startswith(f"error: {workdir / 'config.json'} {what}")
     assert f"; delete it and rerun `python -m train.main --workdir {workdir}`" in line
+
+
+@pytest.mark.parametrize("num_pairs, warned", [(60, True), (300, False)])
+def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, caplog):
+    config = tiny_config(write_tiny_tsv(tmp_path, num_pairs=num_pairs))
+    with caplog.at_level(logging.WARNING):
+        dataset = input_pipeline.build_dataset(config, tmp_path)
+    found = [r.getMessage() for r in caplog.records if "training examples" in r.getMessage()]
+    if warned:
+        assert found == [
+            f"Only {dataset.sizes['train']} training examples (fewer than 100): too few to "
+            "train a model that generalises; use a larger corpus for meaningful results."
+        ]
+    else:
+        assert not found
