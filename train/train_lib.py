@@ -128,7 +128,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
     if checkpointer.latest_step() is not None:
-        state, progress = checkpointer.restore(state)
+        state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
