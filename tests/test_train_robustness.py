@@ -291,3 +291,29 @@ def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     with pytest.raises(CheckpointError, match="corrupt or from a different config"):
         train_lib.train_and_evaluate(changed, str(workdir))
     assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]
+
+
+def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
+    # The disk fills while metrics are written: simulated in the child, as ENOSPC.
+    script = (
+        "import errno, os, sys\n"
+        "from train import main, metrics\n"
+        "def write(self, *args):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))\n"
+        "metrics.MetricsWriter.write = write\n"
+        "sys.argv = ['train.main', *sys.argv[1:]]\n"
+        "main.run()\n"
+    )
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == RUN_ERROR
+    assert _one_error_line(result) == (
+        f"error: [Errno 28] No space left on device: '{workdir / 'metrics.jsonl'}' ; fix the "
+        "cause and rerun the same command: it resumes from the last checkpoint."
+    )
