@@ -4,17 +4,28 @@ Layout: `workdir/checkpoints/<step>/{state, progress}`. 'state' is the TrainStat
 (step, params, optimizer state, dropout PRNG key); 'progress' is JSON with the data stream's
 `state_dict()` (epoch and position), so a resumed run sees exactly the batches an
 uninterrupted run would have seen.
+
+A checkpoint that no longer restores (a file truncated by a full disk, say) while an older one
+does is damaged: `restore_newest_good` moves it aside to `checkpoints/<step>.corrupt`, logs
+one line, and resumes from the older one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 from typing import Any
 
 import orbax.checkpoint as ocp
 
+from train.errors import CheckpointError
+
 CHECKPOINT_DIR = "checkpoints"
+# Suffix of a damaged checkpoint moved aside (orbax ignores names that are not step numbers).
+CORRUPT_SUFFIX = ".corrupt"
+# Characters of the underlying error kept in the one-line report of a damaged checkpoint.
+_MAX_CAUSE_CHARS = 160
 _STATE, _PROGRESS = "state", "progress"
 
 
@@ -80,7 +91,8 @@ class Checkpointer:
 
         Raises:
             FileNotFoundError: there is no checkpoint.
-            ValueError: the checkpoint does not match this model or is corrupt.
+            CheckpointError: the checkpoint does not match this model or is corrupt (a
+                ValueError and a RunFailure).
         """
         step = self.latest_step() if step is None else step
         if step is None:
@@ -96,12 +108,67 @@ class Checkpointer:
                 ),
             )
         except Exception as err:  # orbax raises many types for shape/structure/IO errors
-            raise ValueError(
+            raise CheckpointError(
                 f"Checkpoint {self.directory / str(step)} cannot be restored into this model "
                 f"({type(err).__name__}: {err}). It is corrupt or from a different config; "
                 "delete it or use a fresh --workdir."
             ) from err
         return restored[_STATE], restored[_PROGRESS]
+
+    def restore_newest_good(self, target_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Restores the newest checkpoint that restores; damaged newer ones are moved aside.
+
+        A checkpoint that fails while an older one restores is taken as damaged: it is moved
+        to `checkpoints/<step>.corrupt` (kept for inspection) with one warning line, so the
+        run retrains from the older step. When none restores, nothing is moved: then the
+        likely cause is a different config, not damage.
+
+        Args:
+            target_state: as for `restore`.
+
+        Returns:
+            (state, progress dict) of the newest good checkpoint.
+
+        Raises:
+            FileNotFoundError: there is no checkpoint.
+            CheckpointError: no checkpoint restores (the newest one's error).
+        """
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"No checkpoint in {self.directory}; train first.")
+        failed = []
+        for step in steps:
+            try:
+                restored = self.restore(target_state, step)
+            except CheckpointError as err:
+                failed.append((step, err))
+                continue
+            for bad, err in failed:
+                self._move_aside(bad, err, step)
+            if failed:
+                self._manager.reload()
+            return restored
+        raise failed[0][1]
+
+    def _move_aside(self, step: int, err: CheckpointError, good_step: int) -> None:
+        """Renames checkpoint `step` to `<step>.corrupt` (`.corrupt.1`, ... if taken)."""
+        source = self.directory / str(step)
+        target = self.directory / f"{step}{CORRUPT_SUFFIX}"
+        count = 0
+        while target.exists():
+            count += 1
+            target = self.directory / f"{step}{CORRUPT_SUFFIX}.{count}"
+        os.replace(source, target)
+        cause = err.__cause__ or err
+        detail = " ".join(str(cause).split())[:_MAX_CAUSE_CHARS]
+        logging.warning(
+            "Checkpoint %s is damaged (%s: %s); moved it to %s and resumed from step %d.",
+            source,
+            type(cause).__name__,
+            detail,
+            target,
+            good_step,
+        )
 
     def close(self) -> None:
         """Waits for pending writes and releases the manager."""

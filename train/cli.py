@@ -9,7 +9,7 @@ import sys
 _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 
 # Exit statuses: a mistake on the command line, config or data (as absl's usage errors), or a
-# run that failed after it started.
+# run that failed after it started (train.errors.RunFailure, an I/O error).
 USAGE_ERROR = 2
 RUN_ERROR = 1
 

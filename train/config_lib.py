@@ -7,6 +7,7 @@ so a bad override is fixed where it was made.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -94,6 +95,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Raises ValueError for a NaN or infinite float anywhere in `config` (nested included).
+
+    Range checks below cannot catch these: every comparison with NaN is False.
+    """
+    for field, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _check_finite(value, f"{prefix}{field}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise _fail(f"{prefix}{field}", value, "must be a finite number")
+
+
 def validate_config(config: ml_collections.ConfigDict) -> None:
     """Raises ValueError for the first field that is out of range or inconsistent.
 
@@ -103,6 +116,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     Raises:
         ValueError: names the field as `--config.<field>=<value>` and what it must be.
     """
+    _check_finite(config)
     for field, allowed in _CHOICES.items():
         if config[field] not in allowed:
             raise _fail(field, config[field], f"must be one of {allowed}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from typing import Any, NamedTuple
@@ -16,6 +15,7 @@ from train import config_lib, input_pipeline, steps
 from train.checkpoint import checkpoint_dir
 from train.tokenizer import Tokenizer
 from train.train_lib import CONFIG_FILE
+from train.workdir import read_json
 
 
 class TrainedModel(NamedTuple):
@@ -40,6 +40,7 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     Raises:
         FileNotFoundError: no config, tokenizer or checkpoint in `workdir`.
         ValueError: the checkpoint does not fit the saved config.
+        DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
     """
     workdir = pathlib.Path(workdir)
     config_path = workdir / CONFIG_FILE
@@ -48,7 +49,12 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
             f"{config_path} not found: {workdir} is not a training run directory; train with "
             f"`python -m train.main --workdir {workdir}` first."
         )
-    config = ml_collections.ConfigDict(json.loads(config_path.read_text()))
+    saved = read_json(
+        config_path,
+        f"delete it and rerun `python -m train.main --workdir {workdir}` with the run's "
+        "--config and overrides: it is rewritten and the run resumes",
+    )
+    config = ml_collections.ConfigDict(saved)
     tokenizer = input_pipeline.make_tokenizer(config, workdir)
     model = steps.make_model(config.task, config_lib.model_config(config, tokenizer.vocab_size))
     directory = checkpoint_dir(workdir)

@@ -19,6 +19,10 @@ import numpy as np
 from train import data, hf_corpus
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
+# Below this many training examples (real ones, copies not counted) a run still works but
+# learns little that generalises, and its validation scores are noise: worth a warning.
+MIN_TRAIN_EXAMPLES = 100
+
 
 @dataclasses.dataclass
 class Dataset:
@@ -209,6 +213,13 @@ def build_dataset(
             raise ValueError(
                 f"No train or validation example fits --config.max_len={config.max_len}; raise it."
             )
+    if len(train_ids) < MIN_TRAIN_EXAMPLES:
+        logging.warning(
+            "Only %d training examples (fewer than %d): too few to train a model that "
+            "generalises; use a larger corpus for meaningful results.",
+            len(train_ids),
+            MIN_TRAIN_EXAMPLES,
+        )
     eval_batches = _batches(config, task, valid_ids, None, num_devices)
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]

@@ -4,10 +4,17 @@ With no flags it trains the default (configs/default.py: Japanese -> English Bib
 translation, ~10 minutes on a laptop CPU) in ./runs/default. Override any config field with
 `--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
+
+Exit status (train.errors): 0 when done; 2 for a usage error, fixed on the command line (a
+bad flag, config file or value, a missing or malformed data file, a --workdir that is a
+file); 1 for a run failure (a work directory that cannot be written, a disk full or other
+I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
+Either way stderr gets one line, `error: <what> ; <fix>`.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 import sys
@@ -38,6 +45,36 @@ def _override_error(err: Exception, argv: list[str]) -> str:
     )
 
 
+def _config_path(argv: list[str]) -> str:
+    """The --config file named on the command line (`--config X` or `--config=X`)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-config") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--config=", "-config=")):
+            return arg.split("=", 1)[1]
+    return DEFAULT_CONFIG
+
+
+def _config_file_error(err: Exception, argv: list[str]) -> str:
+    """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
+    path = _config_path(argv)
+    fix = "pass a config file such as --config configs/default.py"
+    if isinstance(err, SyntaxError):
+        return (
+            f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
+            "fix the file, or " + fix
+        )
+    file = pathlib.Path(path)
+    if not file.exists():
+        return f"--config {path}: no such file ; check the path, or {fix}"
+    if file.is_dir():
+        return f"--config {path}: is a directory, not a file ; {fix}"
+    if not os.access(file, os.R_OK):
+        return f"--config {path}: cannot be read (permission denied) ; fix its permissions"
+    what = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
+
+
 def define_config_flag(argv: list[str]) -> None:
     """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
 
@@ -61,6 +98,8 @@ def parse_flags(argv: list[str]) -> list[str]:
         return FLAGS(argv)
     except (AttributeError, KeyError) as err:
         die(_override_error(err, argv), USAGE_ERROR)
+    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
+        die(_config_file_error(err, argv), USAGE_ERROR)
     except flags.Error as err:
         die(str(err), USAGE_ERROR)
 
@@ -71,20 +110,27 @@ def main(argv: list[str]) -> None:
     config = FLAGS.config
     try:
         config.lock  # an unreadable config file raises when first touched  # noqa: B018
-    except OSError as err:
-        die(f"--config: {err}", USAGE_ERROR)
+    except (OSError, SyntaxError) as err:
+        die(_config_file_error(err, sys.argv), USAGE_ERROR)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
     from train import train_lib
     from train.corpora import CorpusNotFoundError
+    from train.errors import RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     try:
         train_lib.train_and_evaluate(config, FLAGS.workdir)
+    except RunFailure as err:  # first: a damaged checkpoint is also a ValueError
+        die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError, CorpusNotFoundError) as err:
         die(str(err), USAGE_ERROR)
-    except train_lib.TrainingDivergedError as err:
-        die(str(err), RUN_ERROR)
+    except OSError as err:  # I/O during the run: disk full, a file removed or unreadable
+        die(
+            f"{err} ; fix the cause and rerun the same command: it resumes from the last "
+            "checkpoint.",
+            RUN_ERROR,
+        )
 
 
 def run() -> None:

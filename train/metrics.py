@@ -15,6 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from train.workdir import atomic_write_text
+
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 LOSS_CURVE_FILE = "loss_curve.png"
@@ -55,18 +57,29 @@ class MetricsWriter:
         Args:
             workdir: the run directory.
             resume_step: the step training restarts from; records of later steps (written
-                by the interrupted run after its last checkpoint) are removed from the JSONL.
+                by the interrupted run after its last checkpoint) are removed from the JSONL;
+                those kept are never written twice.
         """
         from tensorboardX import SummaryWriter  # heavy import, only where written
 
         self.path = pathlib.Path(workdir) / METRICS_FILE
+        kept = []
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        # (step, split) of every record in the file: a resumed run that evaluates a step again
+        # (e.g. the final one, when results.json was lost) must not log it twice.
+        self._written = {(r["step"], r["split"]) for r in kept}
         self._tb = SummaryWriter(str(pathlib.Path(workdir) / TENSORBOARD_DIR))
 
     def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
-        """Writes one record; non-finite numbers are stored as strings ('nan', 'inf')."""
+        """Writes one record; non-finite numbers are stored as strings ('nan', 'inf').
+
+        A record whose (step, split) is already in the file is not written again.
+        """
+        if (int(step), split) in self._written:
+            return
+        self._written.add((int(step), split))
         record = {"step": int(step), "split": split}
         for name, value in values.items():
             value = float(value)

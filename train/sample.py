@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from absl import app, flags
 
-from train.cli import die, quiet_library_logs
+from train.cli import RUN_ERROR, die, quiet_library_logs
+from train.errors import RunFailure
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
@@ -34,6 +35,8 @@ def main(argv: list[str]) -> None:
 
     try:
         trained = inference.load_trained(FLAGS.workdir)
+    except RunFailure as err:  # a damaged config.json
+        die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
     if trained.config.task != "lm":

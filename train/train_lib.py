@@ -1,6 +1,7 @@
 """`train_and_evaluate(config, workdir)`: the training program, importable from a notebook.
 
-One run = one work directory:
+One run = one work directory (locked while the run writes it, see train.workdir):
+  workdir/lock               the pid and host of the run holding the directory's flock
   workdir/config.json        the config of the run (a rerun must keep its identity fields)
   workdir/spm_<V>.model      the SentencePiece model, trained on the train split on first use
   workdir/checkpoints/<step> orbax checkpoints: train state + data-stream position
@@ -27,6 +28,7 @@ from train import config_lib, data, evaluate, input_pipeline, optim, steps
 from train.checkpoint import Checkpointer
 from train.metrics import MetricsWriter, plot_loss_curve
 from train.train_log import TrainingDivergedError, TrainLog, progress_bar
+from train.workdir import WorkdirLock, atomic_write_text, prepare_workdir, read_json
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
@@ -36,14 +38,18 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
     """Writes config.json, or refuses to resume with different identity fields."""
     path = workdir / CONFIG_FILE
     if resuming and path.exists():
-        changed = config_lib.changed_identity_fields(json.loads(path.read_text()), config)
+        saved = read_json(
+            path,
+            "delete it and rerun with the run's --config and overrides: it is rewritten from them",
+        )
+        changed = config_lib.changed_identity_fields(saved, config)
         if changed:
             raise ValueError(
                 f"{workdir} holds checkpoints of a run with different {', '.join(changed)} "
                 f"(see {path}); resuming would not fit them. Use a fresh --workdir, or the "
                 "saved values."
             )
-    path.write_text(config.to_json(indent=2) + "\n")
+    atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
 def _tokens_in(batch: dict[str, np.ndarray]) -> int:
@@ -78,17 +84,20 @@ def train_and_evaluate(
         and BLEU/chrF with samples (translation) or samples (LM).
 
     Raises:
-        ValueError: a bad config value, corpus file or checkpoint.
-        TrainingDivergedError: the loss became NaN or infinite (names the step).
+        ValueError: a bad config value or corpus file, or a regular file as `workdir`.
+        RunFailure: `workdir` is not writable, is locked by another run
+            (`WorkdirLockedError`), or a checkpoint is damaged (`CheckpointError`).
+        TrainingDivergedError: the loss became NaN or infinite (names the step); a
+            RunFailure too.
     """
     config_lib.validate_config(config)
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
-    try:
-        return _run(config, workdir, checkpointer, step_callback)
-    finally:
-        checkpointer.close()
+    workdir = prepare_workdir(workdir)
+    with WorkdirLock(workdir):  # one run per work directory; released on any exit
+        checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+        try:
+            return _run(config, workdir, checkpointer, step_callback)
+        finally:
+            checkpointer.close()
 
 
 def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callback) -> dict:
@@ -101,7 +110,10 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         and (workdir / RESULTS_FILE).exists()
     ):
         logging.info("%s already finished %d steps; its results:", workdir, latest)
-        results = json.loads((workdir / RESULTS_FILE).read_text())
+        results = read_json(
+            workdir / RESULTS_FILE,
+            "delete it and rerun: the final evaluation is redone from the last checkpoint",
+        )
         print(evaluate.format_report(results), flush=True)
         return results
     mesh = sharding_lib.make_mesh(data=-1)
@@ -116,7 +128,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
     if checkpointer.latest_step() is not None:
-        state, progress = checkpointer.restore(state)
+        state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
@@ -207,6 +219,8 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
     writer.close()
     plot_loss_curve(workdir)
-    (workdir / RESULTS_FILE).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(
+        workdir / RESULTS_FILE, json.dumps(results, indent=2, ensure_ascii=False) + "\n"
+    )
     print(evaluate.format_report(results), flush=True)
     return results

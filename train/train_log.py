@@ -15,12 +15,13 @@ import time
 import jax
 import numpy as np
 
+from train.errors import RunFailure
 from train.metrics import summarize
 
 _SUM_KEYS = ("loss", "nll", "correct", "tokens")
 
 
-class TrainingDivergedError(RuntimeError):
+class TrainingDivergedError(RunFailure):
     """The loss (or the parameters) became NaN or infinite."""
 
 

@@ -11,7 +11,8 @@ import sys
 
 from absl import app, flags
 
-from train.cli import die, quiet_library_logs
+from train.cli import RUN_ERROR, die, quiet_library_logs
+from train.errors import RunFailure
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/default", "Run directory written by train.main.")
@@ -30,6 +31,8 @@ def main(argv: list[str]) -> None:
 
     try:
         trained = inference.load_trained(FLAGS.workdir)
+    except RunFailure as err:  # a damaged config.json
+        die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
     if trained.config.task != "translation":

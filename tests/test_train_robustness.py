@@ -1,0 +1,319 @@
+"""Issue 12: the training program's failure modes each end in one line and a documented exit
+status (2 = usage: flag, config, data file; 1 = runtime: I/O, damaged checkpoint, lock held)."""
+
+import errno
+import logging
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+from train_helpers import tiny_config, write_tiny_tsv
+
+from train import config_lib, input_pipeline, metrics, train_lib
+from train import workdir as workdir_lib
+from train.checkpoint import checkpoint_dir
+from train.cli import RUN_ERROR, USAGE_ERROR
+from train.errors import CheckpointError, RunFailure
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+# A failed orbax restore leaves a callback for its closed asyncio loop, reported later at
+# garbage collection; it is orbax's (see tests/test_train.py).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("field", ["learning_rate", "label_smoothing", "model.dropout_rate"])
+def test_non_finite_config_floats_are_rejected(field, value, tmp_path):
+    config = tiny_config(tmp_path / "pairs.tsv", **{field: value})
+    with pytest.raises(ValueError, match=rf"--config\.{field}={value!r}: must be a finite"):
+        config_lib.validate_config(config)
+
+
+def _run_main(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "train.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def _one_error_line(result) -> str:
+    """The single `error: ...` line a failing run prints last (after any log lines)."""
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert "Traceback" not in result.stderr, result.stderr
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    return errors[0]
+
+
+def test_missing_config_file_with_an_override_is_a_usage_error(tmp_path):
+    result = _run_main(
+        "--config", "nope.py", "--config.num_train_steps=3", "--workdir", str(tmp_path)
+    )
+    assert result.returncode == USAGE_ERROR
+    assert _one_error_line(result).startswith("error: --config nope.py: no such file ; ")
+
+
+@pytest.mark.parametrize("override", [[], ["--config.num_train_steps=3"]])
+def test_config_file_with_a_syntax_error_is_a_usage_error(override, tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def get_config(:\n")
+    result = _run_main("--config", str(bad), *override, "--workdir", str(tmp_path / "w"))
+    assert result.returncode == USAGE_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: --config {bad}: invalid syntax at line 1")
+    assert "; fix the file" in line
+
+
+def _tiny_args(tmp_path, workdir) -> list[str]:
+    """Command-line flags for a run of a few seconds on the toy corpus."""
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=2, bleu_examples=0)
+    flat = {
+        k: config[k]
+        for k in ("corpus", "corpus_path", "tokenizer", "max_len", "batch_size")
+        + ("tokens_per_batch", "num_train_steps", "bleu_examples", "report_beam_size")
+        + ("copied_targets", "copy_baseline", "bleu_every_steps", "num_samples")
+        + ("max_decode_len", "warmup_steps", "test_fraction", "valid_fraction")
+    }
+    args = [f"--config.{k}={v}" for k, v in flat.items()]
+    args += [f"--config.model.{k}={config.model[k]}" for k in ("d_model", "d_ff", "num_layers")]
+    return [*args, "--config.bucket_lengths=(16,)", "--workdir", str(workdir)]
+
+
+def test_workdir_that_is_a_regular_file_is_a_usage_error(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.write_text("not a directory\n")
+    result = _run_main(*_tiny_args(tmp_path, workdir))
+    assert result.returncode == USAGE_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: --workdir {workdir}: {workdir} is a regular file")
+    assert "; pass a directory" in line
+
+
+def test_unwritable_workdir_is_a_run_failure(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", read_only)
+    with pytest.raises(RunFailure, match=r"--workdir .*run: cannot write there \(Read-only"):
+        workdir_lib.prepare_workdir(tmp_path / "run")
+
+
+def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
+    # Root ignores permissions, so the read-only mount is simulated inside the child.
+    workdir = tmp_path / "run"
+    script = (
+        "import errno, os, sys, tempfile\n"
+        "real = tempfile.mkstemp\n"
+        "def mkstemp(*a, dir=None, **k):\n"
+        f"    if str(dir) == {str(workdir)!r}:\n"
+        "        raise OSError(errno.EROFS, os.strerror(errno.EROFS))\n"
+        "    return real(*a, dir=dir, **k)\n"
+        "tempfile.mkstemp = mkstemp\n"
+        "from train import main\n"
+        "sys.argv = ['train.main', *sys.argv[1:]]\n"
+        "main.run()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == RUN_ERROR
+    line = _one_error_line(result)
+    assert line == (
+        f"error: --workdir {workdir}: cannot write there (Read-only file system) ; choose a "
+        "writable --workdir, or fix its permissions or mount."
+    )
+
+
+def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
+    # A kill between the final checkpoint and results.json: the rerun restores the final step
+    # and evaluates it again, which must not log its valid (or bleu) record a second time.
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=4)
+    workdir = tmp_path / "run"
+    train_lib.train_and_evaluate(config, str(workdir))
+    before = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    (workdir / train_lib.RESULTS_FILE).unlink()
+    train_lib.train_and_evaluate(config, str(workdir))
+    after = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    keys = [(r["step"], r["split"]) for r in after]
+    assert len(keys) == len(set(keys)), keys
+    assert after == before
+    assert (workdir / train_lib.RESULTS_FILE).is_file()
+
+
+_HOLD_LOCK = (
+    "import sys, time\n"
+    "from train.workdir import WorkdirLock\n"
+    "with WorkdirLock(sys.argv[1]):\n"
+    "    print('locked', flush=True)\n"
+    "    time.sleep(120)\n"
+)
+
+
+def test_second_run_on_a_locked_workdir_exits_naming_the_holder(tmp_path):
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(workdir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        result = _run_main(*_tiny_args(tmp_path, workdir))
+        assert result.returncode == RUN_ERROR
+        line = _one_error_line(result)
+        assert line.startswith(
+            f"error: --workdir {workdir} is in use by another run (pid {holder.pid} on "
+        )
+        assert "; wait for it to finish or stop it, or pass another --workdir." in line
+        assert not (workdir / "checkpoints").exists()  # refused before writing anything
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the flock, the lock file stays
+        holder.wait()
+    # A lock file left by a killed run is not stale: the next run takes the lock.
+    assert (workdir / workdir_lib.LOCK_FILE).exists()
+    with workdir_lib.WorkdirLock(workdir):
+        pass
+
+
+def test_atomic_write_leaves_the_old_file_when_interrupted(tmp_path, monkeypatch):
+    path = tmp_path / "results.json"
+    workdir_lib.atomic_write_text(path, "old\n")
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workdir_lib.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        workdir_lib.atomic_write_text(path, "new\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temp file left
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 4-step run and its flags; tests copy its work directory before damaging it."""
+    tmp = tmp_path_factory.mktemp("finished")
+    args = _tiny_args(tmp, tmp / "run")
+    result = _run_main(*args, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return tmp / "run", args[:-2]
+
+
+@pytest.mark.parametrize("content", ["", '{"task": "transl'])
+def test_damaged_config_json_is_one_line_in_train_and_translate(content, finished_run, tmp_path):
+    run, args = finished_run
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    (workdir / "config.json").write_text(content)
+    what = "is empty" if not content else "is not valid JSON (Unterminated string"
+    train = _run_main(*args, "--config.num_train_steps=6", "--workdir", str(workdir))
+    assert train.returncode == RUN_ERROR
+    line = _one_error_line(train)
+    assert line.startswith(f"error: {workdir / 'config.json'} {what}")
+    assert "; delete it and rerun with the run's --config" in line
+    translate = subprocess.run(
+        [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert translate.returncode == RUN_ERROR
+    line = _one_error_line(translate)
+    assert line.startswith(f"error: {workdir / 'config.json'} {what}")
+    assert f"; delete it and rerun `python -m train.main --workdir {workdir}`" in line
+
+
+@pytest.mark.parametrize("num_pairs, warned", [(60, True), (300, False)])
+def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, caplog):
+    config = tiny_config(write_tiny_tsv(tmp_path, num_pairs=num_pairs))
+    with caplog.at_level(logging.WARNING):
+        dataset = input_pipeline.build_dataset(config, tmp_path)
+    found = [r.getMessage() for r in caplog.records if "training examples" in r.getMessage()]
+    if warned:
+        assert found == [
+            f"Only {dataset.sizes['train']} training examples (fewer than 100): too few to "
+            "train a model that generalises; use a larger corpus for meaningful results."
+        ]
+    else:
+        assert not found
+
+
+def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, caplog):
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=8, bleu_examples=0)
+    workdir = tmp_path / "run"
+    train_lib.train_and_evaluate(config, str(workdir))
+    ckpts = checkpoint_dir(workdir)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["4", "8"]
+    # A disk that filled up: every array data file of checkpoint 8 cut to half its size.
+    data_files = [p for p in (ckpts / "8" / "state").rglob("d/*") if p.is_file()]
+    assert data_files
+    for path in data_files:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    longer = config.copy_and_resolve_references()
+    longer.num_train_steps = 12
+    with caplog.at_level(logging.WARNING):
+        results = train_lib.train_and_evaluate(longer, str(workdir))
+    reports = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert len(reports) == 1 and "\n" not in reports[0]
+    assert reports[0].startswith(f"Checkpoint {ckpts / '8'} is damaged (")
+    assert reports[0].endswith(f"moved it to {ckpts / '8.corrupt'} and resumed from step 4.")
+    assert results["step"] == 12
+    assert sorted(p.name for p in ckpts.iterdir()) == ["12", "8", "8.corrupt"]
+    steps = [r["step"] for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)]
+    assert steps == sorted(steps)  # the records after step 4 were rewritten, not repeated
+
+
+def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=4, bleu_examples=0)
+    workdir = tmp_path / "run"
+    train_lib.train_and_evaluate(config, str(workdir))
+    changed = config.copy_and_resolve_references()
+    changed.optimizer = "adamw"  # not an identity field, but a different optimizer state
+    changed.weight_decay = 0.1
+    changed.num_train_steps = 6
+    with pytest.raises(CheckpointError, match="corrupt or from a different config"):
+        train_lib.train_and_evaluate(changed, str(workdir))
+    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]
+
+
+def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
+    # The disk fills while metrics are written: simulated in the child, as ENOSPC.
+    script = (
+        "import errno, os, sys\n"
+        "from train import main, metrics\n"
+        "def write(self, *args):\n"
+        "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))\n"
+        "metrics.MetricsWriter.write = write\n"
+        "sys.argv = ['train.main', *sys.argv[1:]]\n"
+        "main.run()\n"
+    )
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == RUN_ERROR
+    assert _one_error_line(result) == (
+        f"error: [Errno 28] No space left on device: '{workdir / 'metrics.jsonl'}' ; fix the "
+        "cause and rerun the same command: it resumes from the last checkpoint."
+    )

@@ -1,0 +1,147 @@
+"""The work directory of a run: created, checked and locked before any compute is spent.
+
+Only one run may write a work directory at a time: `WorkdirLock` holds an exclusive
+`fcntl.flock` on `workdir/lock` for the whole run. The kernel releases a flock when its
+process exits, however it exits (a kill -9 or a crash included), so a lock file left behind
+is never stale: the next run simply takes the lock. The file keeps the holder's pid and host
+only to name them in the message of a run that finds the directory in use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pathlib
+import socket
+import tempfile
+
+from train.errors import DamagedFileError, RunFailure
+
+LOCK_FILE = "lock"
+
+
+def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
+    """Creates `workdir` if missing and checks that files can be written in it.
+
+    Args:
+        workdir: the run directory (`--workdir`).
+
+    Returns:
+        The directory as a Path.
+
+    Raises:
+        ValueError: `workdir` (or a parent) is a regular file: a usage error.
+        RunFailure: the directory cannot be created or written (read-only, no permission,
+            disk full).
+    """
+    path = pathlib.Path(workdir)
+    blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise ValueError(
+            f"--workdir {path}: {blocker} is a regular file, not a directory ; pass a "
+            "directory (created if missing), or move the file away."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # Writing is the only reliable test: os.access ignores read-only mounts and root.
+        fd, probe = tempfile.mkstemp(prefix=".write_test.", dir=path)
+        os.close(fd)
+        os.remove(probe)
+    except OSError as err:
+        raise RunFailure(
+            f"--workdir {path}: cannot write there ({err.strerror or err}) ; choose a "
+            "writable --workdir, or fix its permissions or mount."
+        ) from err
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Replaces the file at `path` with `text` (UTF-8) all at once.
+
+    The text goes to a temporary file in the same directory, is flushed and fsync'ed, then
+    renamed over `path` (`os.replace` is atomic on POSIX): a kill or power loss leaves the
+    old file or the new one, never an empty or half-written file.
+    """
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike, fix: str):
+    """Parses a JSON file a run wrote.
+
+    Args:
+        path: the file (config.json, results.json).
+        fix: what to do when it is damaged, for the message.
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        DamagedFileError: the file is empty or not valid JSON (names it and the fix).
+    """
+    text = pathlib.Path(path).read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise DamagedFileError(f"{path} is empty (a run was killed while writing it?) ; {fix}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DamagedFileError(
+            f"{path} is not valid JSON ({err.msg} at line {err.lineno}) ; {fix}"
+        ) from None
+
+
+class WorkdirLockedError(RunFailure):
+    """Another process holds the work directory's lock."""
+
+
+class WorkdirLock:
+    """An exclusive lock on a work directory, held from `__enter__` to `__exit__`.
+
+    Usage: `with WorkdirLock(workdir): ...`. Not reentrant; the lock is per open file, so
+    a second `WorkdirLock` on the same directory fails even within one process.
+    """
+
+    def __init__(self, workdir: str | os.PathLike):
+        """Args: workdir: an existing run directory."""
+        self.workdir = pathlib.Path(workdir)
+        self.path = self.workdir / LOCK_FILE
+        self._file = None
+
+    def __enter__(self) -> WorkdirLock:
+        """Takes the lock, or raises WorkdirLockedError naming the holder's pid and host."""
+        file = open(self.path, "a+")  # noqa: SIM115 -- held open until __exit__
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().split() or ["unknown", "unknown"]
+            file.close()
+            pid, host = (holder + ["unknown"])[:2]
+            raise WorkdirLockedError(
+                f"--workdir {self.workdir} is in use by another run (pid {pid} on {host}, "
+                f"lock {self.path}) ; wait for it to finish or stop it, or pass another "
+                "--workdir."
+            ) from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"{os.getpid()} {socket.gethostname()}\n")
+        file.flush()
+        self._file = file
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        """Releases the lock (the file stays: removing it would race with a new holder)."""
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
