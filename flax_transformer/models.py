@@ -103,6 +103,18 @@ def _extend_decoder(
     }
 
 
+def _embed(cfg: TransformerConfig, vocab_size: int, name: str) -> Embed:
+    """A token embedding of the config's width, init and dtypes."""
+    return Embed(
+        vocab_size,
+        cfg.d_model,
+        init_std=cfg.embed_init_std,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        name=name,
+    )
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer (Vaswani et al. 2017; seed 000, "the full model").
 
@@ -115,24 +127,10 @@ class Transformer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        src_embed = Embed(
-            cfg.vocab_size,
-            cfg.d_model,
-            init_std=cfg.embed_init_std,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            name="embed",
-        )
+        src_embed = _embed(cfg, cfg.vocab_size, "embed")
         tgt_embed = src_embed
         if not cfg.share_embeddings:
-            tgt_embed = Embed(
-                cfg.output_vocab_size,
-                cfg.d_model,
-                init_std=cfg.embed_init_std,
-                dtype=cfg.dtype,
-                param_dtype=cfg.param_dtype,
-                name="target_embed",
-            )
+            tgt_embed = _embed(cfg, cfg.output_vocab_size, "target_embed")
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, tgt_embed, cross_attention=True)
 
@@ -241,14 +239,7 @@ class DecoderOnlyTransformer(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.embed = Embed(
-            cfg.vocab_size,
-            cfg.d_model,
-            init_std=cfg.embed_init_std,
-            dtype=cfg.dtype,
-            param_dtype=cfg.param_dtype,
-            name="embed",
-        )
+        self.embed = _embed(cfg, cfg.vocab_size, "embed")
         self.decoder = Decoder(cfg, self.embed, cross_attention=False)
 
     def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True) -> jax.Array:
