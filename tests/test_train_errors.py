@@ -49,6 +49,13 @@ def test_bad_config_value_from_the_command_line(tmp_path):
     assert "none.tsv does not exist" in result.stderr
 
 
+@pytest.mark.parametrize("field", ["copied_targets", "target_token_dropout"])
+def test_translation_only_options_are_refused_for_the_lm(tmp_path, field):
+    config = tiny_config(tmp_path / "unused.txt", task="lm", corpus="text", **{field: 0.5})
+    with pytest.raises(ValueError, match=rf"--config.{field}=0.5: applies to task='translation'"):
+        config_lib.validate_config(config)
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [

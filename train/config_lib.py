@@ -177,6 +177,9 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             raise _fail(field, config[field], "must be non-negative")
     if config.learning_rate == 0:
         raise _fail("learning_rate", config.learning_rate, "must be > 0")
+    for field in ("copied_targets", "target_token_dropout"):
+        if config[field] and config.task != "translation":
+            raise _fail(field, config[field], "applies to task='translation' only; set it to 0")
     if not 0.0 <= config.copied_targets <= 1.0:
         raise _fail("copied_targets", config.copied_targets, "must be in [0, 1]")
     for field in ("label_smoothing", "target_token_dropout"):
