@@ -13,7 +13,7 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import config_lib, input_pipeline, metrics, train_lib
+from train import config_lib, inference, input_pipeline, metrics, train_lib
 from train import workdir as workdir_lib
 from train.checkpoint import checkpoint_dir
 from train.cli import RUN_ERROR, USAGE_ERROR
@@ -74,18 +74,24 @@ def test_config_file_with_a_syntax_error_is_a_usage_error(override, tmp_path):
     assert "; fix the file" in line
 
 
-def _tiny_args(tmp_path, workdir) -> list[str]:
+def _tiny_args(tmp_path, workdir, **overrides) -> list[str]:
     """Command-line flags for a run of a few seconds on the toy corpus."""
-    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=2, bleu_examples=0)
+    config = tiny_config(
+        write_tiny_tsv(tmp_path), **{"num_train_steps": 2, "bleu_examples": 0, **overrides}
+    )
     flat = {
         k: config[k]
         for k in ("corpus", "corpus_path", "tokenizer", "max_len", "batch_size")
         + ("tokens_per_batch", "num_train_steps", "bleu_examples", "report_beam_size")
         + ("copied_targets", "copy_baseline", "bleu_every_steps", "num_samples")
         + ("max_decode_len", "warmup_steps", "test_fraction", "valid_fraction")
+        + ("log_every_steps", "eval_every_steps", "checkpoint_every_steps")
     }
     args = [f"--config.{k}={v}" for k, v in flat.items()]
-    args += [f"--config.model.{k}={config.model[k]}" for k in ("d_model", "d_ff", "num_layers")]
+    args += [
+        f"--config.model.{k}={config.model[k]}"
+        for k in ("d_model", "d_ff", "num_layers", "dropout_rate")
+    ]
     return [*args, "--config.bucket_lengths=(16,)", "--workdir", str(workdir)]
 
 
@@ -240,6 +246,28 @@ def test_damaged_config_json_is_one_line_in_train_and_translate(content, finishe
     assert f"; delete it and rerun `python -m train.main --workdir {workdir}`" in line
 
 
+def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run, tmp_path):
+    run, _ = finished_run
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    for path in checkpoint_dir(workdir).rglob("manifest.ocdbt"):
+        path.write_bytes(b"garbage")
+    result = subprocess.run(
+        [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == RUN_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: Checkpoint {checkpoint_dir(workdir) / '2'} cannot be restored")
+    assert line.endswith(
+        "; it is damaged: rerun `python -m train.main` on this work directory to resume from "
+        "an older checkpoint, or retrain."
+    )
+
+
 @pytest.mark.parametrize("num_pairs, warned", [(60, True), (300, False)])
 def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, caplog):
     config = tiny_config(write_tiny_tsv(tmp_path, num_pairs=num_pairs))
@@ -266,6 +294,15 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
     assert data_files
     for path in data_files:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    # Inference reads the older checkpoint, says so, and moves nothing.
+    with caplog.at_level(logging.WARNING):
+        trained = inference.load_trained(workdir)
+    assert trained.step == 4
+    [warning] = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
+    assert warning.startswith(f"Checkpoint {ckpts / '8'} cannot be restored into the model of")
+    assert warning.endswith("; using step 4 instead.") and "\n" not in warning
+    assert sorted(p.name for p in ckpts.iterdir()) == ["4", "8"]
+    caplog.clear()
     longer = config.copy_and_resolve_references()
     longer.num_train_steps = 12
     with caplog.at_level(logging.WARNING):
@@ -288,7 +325,7 @@ def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     changed.optimizer = "adamw"  # not an identity field, but a different optimizer state
     changed.weight_decay = 0.1
     changed.num_train_steps = 6
-    with pytest.raises(CheckpointError, match="corrupt or from a different config"):
+    with pytest.raises(CheckpointError, match="damaged or from a different config"):
         train_lib.train_and_evaluate(changed, str(workdir))
     assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]
 
@@ -317,3 +354,152 @@ def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
         f"error: [Errno 28] No space left on device: '{workdir / 'metrics.jsonl'}' ; fix the "
         "cause and rerun the same command: it resumes from the last checkpoint."
     )
+
+
+# Runs train.main in a child that SIGKILLs itself at a chosen moment: `replace:NAME` just
+# before the temporary file of NAME is renamed over it (config.json, results.json,
+# metrics.jsonl), `checkpoint:STEP` just before orbax renames the finished temporary
+# directory of checkpoint STEP into place (all its data written, not yet committed).
+_KILLED_AT = """
+import os, signal, sys
+kind, _, what = os.environ["KILL_AT"].partition(":")
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+if kind == "replace":
+    real_replace = os.replace
+    def replace(src, dst, *args, **kwargs):
+        if os.path.basename(str(dst)) == what:
+            die()
+        return real_replace(src, dst, *args, **kwargs)
+    os.replace = replace
+elif kind == "checkpoint":
+    real_rename = os.rename
+    def rename(src, dst, *args, **kwargs):
+        if os.path.basename(str(src)) == what + ".orbax-checkpoint-tmp":
+            die()
+        return real_rename(src, dst, *args, **kwargs)
+    os.rename = rename
+from train import main
+sys.argv = ["train.main", *sys.argv[1:]]
+main.run()
+"""
+
+
+def _run_killed(args, kill_at=None, kill_after_s=None):
+    """Runs train.main with `args` in a child killed as `kill_at` says, or by SIGKILL from
+    here after `kill_after_s` seconds; returns the exit status (-9 when killed)."""
+    env = {**os.environ, "KILL_AT": kill_at or "none:"}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_AT, *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=REPO,
+        env=env,
+    )
+    try:
+        return child.wait(timeout=kill_after_s or 300)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        return child.wait()
+
+
+def _final_state(workdir, step):
+    """The raw checkpointed TrainState of `step` (params, opt state, PRNG key) as numpy."""
+    import orbax.checkpoint as ocp
+
+    with ocp.StandardCheckpointer() as checkpointer:
+        return checkpointer.restore(checkpoint_dir(workdir) / str(step) / "state")
+
+
+def _records(workdir):
+    """The metrics records of a run, without the wall-clock ones."""
+    records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    for record in records:
+        record.pop("tokens_per_sec", None)
+    return records
+
+
+@pytest.mark.slow
+def test_sigkill_at_any_moment_resumes_to_the_same_state(tmp_path):
+    import jax
+    import numpy as np
+
+    steps = dict(num_train_steps=12, checkpoint_every_steps=4, eval_every_steps=4)
+    steps.update(log_every_steps=2, **{"model.dropout_rate": 0.1})
+    straight = tmp_path / "straight"
+    assert _run_killed(_tiny_args(tmp_path, straight, **steps)) == 0
+
+    workdir = tmp_path / "killed"
+    args = _tiny_args(tmp_path, workdir, **steps)
+    # Killed while config.json is written, while checkpoint 8 is committed, at a random
+    # moment (seeded: the same in every CI run), and after the last checkpoint while
+    # results.json is written; then the same command finishes the run.
+    assert _run_killed(args, kill_at="replace:config.json") == -9
+    assert not (workdir / "config.json").exists()
+    assert _run_killed(args, kill_at="checkpoint:8") == -9
+    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == [
+        "4",
+        "8.orbax-checkpoint-tmp",
+    ]
+    delay = np.random.default_rng(12).uniform(1.0, 6.0)
+    _run_killed(args, kill_after_s=delay)  # may also have finished its work by then
+    assert _run_killed(args, kill_at="replace:results.json") == -9
+    assert not (workdir / train_lib.RESULTS_FILE).exists()
+    assert _run_killed(args) == 0
+
+    a, b = _final_state(straight, 12), _final_state(workdir, 12)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+    assert _records(workdir) == _records(straight)  # none lost, none repeated
+    done = [train_lib.RESULTS_FILE, "config.json", "data_fingerprint.json"]
+    for name in done:
+        assert (workdir / name).read_text() == (straight / name).read_text().replace(
+            str(straight), str(workdir)
+        ), name
+
+
+def test_changed_corpus_is_refused_on_resume(tmp_path):
+    corpus = write_tiny_tsv(tmp_path)
+    config = tiny_config(corpus, num_train_steps=4, bleu_examples=0)
+    workdir = tmp_path / "run"
+    train_lib.train_and_evaluate(config, str(workdir))
+    # The same file, its columns swapped in place: same path, same size.
+    lines = corpus.read_text(encoding="utf-8").splitlines()
+    corpus.write_text(
+        "".join("\t".join(reversed(line.split("\t"))) + "\n" for line in lines),
+        encoding="utf-8",
+    )
+    longer = config.copy_and_resolve_references()
+    longer.num_train_steps = 8
+    with pytest.raises(ValueError, match=r"holds checkpoints trained on other data: \d+ train"):
+        train_lib.train_and_evaluate(longer, str(workdir))
+    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]  # untouched
+
+
+def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
+    # RLIMIT_FSIZE in the child: TensorStore's writes of the first checkpoint fail with
+    # EFBIG (Python ignores SIGXFSZ), as on a full disk.
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))\n"
+        "from train import main\n"
+        "sys.argv = ['train.main', *sys.argv[1:]]\n"
+        "main.run()\n"
+    )
+    workdir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert result.returncode == RUN_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: Could not write checkpoint 2 in {checkpoint_dir(workdir)} (")
+    assert "File too large" in line
+    assert line.endswith(
+        "; free disk space or fix the cause, then rerun the same command: it starts over."
+    )
+    assert len(result.stderr.splitlines()) < 20, result.stderr  # no library tracebacks

@@ -19,19 +19,29 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
-from train.errors import CheckpointError
+from train.errors import CheckpointError, CheckpointWriteError
 
 CHECKPOINT_DIR = "checkpoints"
 # Suffix of a damaged checkpoint moved aside (orbax ignores names that are not step numbers).
 CORRUPT_SUFFIX = ".corrupt"
-# Characters of the underlying error kept in the one-line report of a damaged checkpoint.
-_MAX_CAUSE_CHARS = 160
+# Characters of the underlying error kept at each end of a one-line report (TensorStore puts
+# the file first and the cause, such as 'File too large', last).
+_CAUSE_CHARS_EACH_END = 90
 _STATE, _PROGRESS = "state", "progress"
 
 
 def checkpoint_dir(workdir: str | os.PathLike) -> pathlib.Path:
     """Where a run's checkpoints live: `workdir/checkpoints`."""
     return pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: message` of an orbax/TensorStore error, on one line and cut short (their
+    messages can run to dozens of lines)."""
+    detail = " ".join(str(err).split())
+    if len(detail) > 2 * _CAUSE_CHARS_EACH_END + 5:
+        detail = f"{detail[:_CAUSE_CHARS_EACH_END]} ... {detail[-_CAUSE_CHARS_EACH_END:]}"
+    return f"{type(err).__name__}: {detail}"
 
 
 class Checkpointer:
@@ -48,7 +58,7 @@ class Checkpointer:
         self.directory = checkpoint_dir(workdir)
         if read_only and not self.directory.is_dir():
             raise FileNotFoundError(
-                f"No checkpoints in {self.directory}; train first with "
+                f"No checkpoints in {self.directory} ; train first with "
                 f"`python -m train.main --workdir {pathlib.Path(workdir)}`."
             )
         options = ocp.CheckpointManagerOptions(
@@ -68,15 +78,34 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def save(self, step: int, state: Any, progress: dict[str, Any]) -> None:
-        """Saves the state and the JSON-serialisable progress dict as checkpoint `step`."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardSave(state), _PROGRESS: ocp.args.JsonSave(progress)}
-            ),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        """Saves the state and the JSON-serialisable progress dict as checkpoint `step`.
+
+        Raises:
+            CheckpointWriteError: the write failed (disk full, say); the checkpoints saved
+                before are untouched, and the half-written one stays in a
+                `<step>.orbax-checkpoint-tmp` directory that restoring ignores.
+        """
+        previous = self.latest_step()
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        _STATE: ocp.args.StandardSave(state),
+                        _PROGRESS: ocp.args.JsonSave(progress),
+                    }
+                ),
+                force=True,
+            )
+            self._manager.wait_until_finished()
+        except Exception as err:  # TensorStore reports I/O errors as ValueError, orbax others
+            resume = (
+                f"it resumes from step {previous}" if previous is not None else "it starts over"
+            )
+            raise CheckpointWriteError(
+                f"Could not write checkpoint {step} in {self.directory} ({_one_line(err)}) ; "
+                f"free disk space or fix the cause, then rerun the same command: {resume}."
+            ) from err
 
     def restore(self, target_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restores a checkpoint into the structure, shapes and placement of `target_state`.
@@ -96,7 +125,7 @@ class Checkpointer:
         """
         step = self.latest_step() if step is None else step
         if step is None:
-            raise FileNotFoundError(f"No checkpoint in {self.directory}; train first.")
+            raise FileNotFoundError(f"No checkpoint in {self.directory} ; train first.")
         try:
             restored = self._manager.restore(
                 step,
@@ -110,10 +139,64 @@ class Checkpointer:
         except Exception as err:  # orbax raises many types for shape/structure/IO errors
             raise CheckpointError(
                 f"Checkpoint {self.directory / str(step)} cannot be restored into this model "
-                f"({type(err).__name__}: {err}). It is corrupt or from a different config; "
-                "delete it or use a fresh --workdir."
+                f"({_one_line(err)}) ; it is damaged or from a different config: delete it "
+                "or use a fresh --workdir."
             ) from err
         return restored[_STATE], restored[_PROGRESS]
+
+    def restore_params(self, target_params: Any) -> tuple[Any, int]:
+        """Reads only the parameters of the newest checkpoint that restores (inference).
+
+        Nothing is moved or deleted: a damaged newer checkpoint is reported in one warning
+        line and an older one is used; the training program, when rerun, moves it aside.
+
+        Args:
+            target_params: a params tree of `jax.ShapeDtypeStruct`s (shapes, dtypes and
+                shardings to restore into), e.g. from `jax.eval_shape` of the model's init.
+
+        Returns:
+            (params, step).
+
+        Raises:
+            FileNotFoundError: there is no checkpoint.
+            CheckpointError: no checkpoint restores (the newest one's error).
+        """
+        steps = sorted(self._manager.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(
+                f"No checkpoint in {self.directory} ; train first with `python -m train.main "
+                f"--workdir {self.directory.parent}`."
+            )
+        restore_args = ocp.checkpoint_utils.construct_restore_args(target_params)
+        first_error = None
+        for step in steps:
+            try:
+                restored = self._manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        **{
+                            _STATE: ocp.args.PyTreeRestore(
+                                item={"params": target_params},
+                                restore_args={"params": restore_args},
+                                partial_restore=True,
+                            )
+                        }
+                    ),
+                )
+            except Exception as err:  # as in `restore`
+                error = CheckpointError(
+                    f"Checkpoint {self.directory / str(step)} cannot be restored into the "
+                    f"model of this run's config.json ({_one_line(err)}) ; it is damaged: "
+                    "rerun `python -m train.main` on this work directory to resume from an "
+                    "older checkpoint, or retrain."
+                )
+                error.__cause__ = err
+                first_error = first_error or error
+                continue
+            if step != steps[0]:
+                logging.warning("%s; using step %d instead.", first_error, step)
+            return restored[_STATE]["params"], step
+        raise first_error
 
     def restore_newest_good(self, target_state: Any) -> tuple[Any, dict[str, Any]]:
         """Restores the newest checkpoint that restores; damaged newer ones are moved aside.
@@ -135,7 +218,7 @@ class Checkpointer:
         """
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
-            raise FileNotFoundError(f"No checkpoint in {self.directory}; train first.")
+            raise FileNotFoundError(f"No checkpoint in {self.directory} ; train first.")
         failed = []
         for step in steps:
             try:
@@ -159,13 +242,10 @@ class Checkpointer:
             count += 1
             target = self.directory / f"{step}{CORRUPT_SUFFIX}.{count}"
         os.replace(source, target)
-        cause = err.__cause__ or err
-        detail = " ".join(str(cause).split())[:_MAX_CAUSE_CHARS]
         logging.warning(
-            "Checkpoint %s is damaged (%s: %s); moved it to %s and resumed from step %d.",
+            "Checkpoint %s is damaged (%s) ; moved it to %s and resumed from step %d.",
             source,
-            type(cause).__name__,
-            detail,
+            _one_line(err.__cause__ or err),
             target,
             good_step,
         )

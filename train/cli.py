@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
+import warnings
+
+from absl import logging as absl_logging
 
 # Libraries whose INFO lines (orbax: several per checkpoint) would drown the progress output.
 _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
+# Where a failed checkpoint write logs its error again from every worker thread, with
+# tracebacks (dozens of lines); the error itself reaches the program and is reported once.
+_ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
 # Exit statuses: a mistake on the command line, config or data (as absl's usage errors), or a
 # run that failed after it started (train.errors.RunFailure, an I/O error).
@@ -15,21 +22,49 @@ RUN_ERROR = 1
 
 
 class _QuietLibraries(logging.Filter):
-    """Passes warnings and errors from anywhere, INFO only from outside the chatty libraries."""
+    """Passes warnings from anywhere, INFO only from outside the chatty libraries, and
+    errors from outside the libraries that echo an error the program reports itself."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         path = record.pathname.replace("\\", "/")
+        if record.levelno >= logging.ERROR:
+            return not any(p in path for p in _ERROR_ECHOES)
         return record.levelno >= logging.WARNING or not any(p in path for p in _CHATTY_LIBRARIES)
 
 
+def _unraisable_to_debug_log(unraisable) -> None:
+    """sys.unraisablehook: one DEBUG line instead of a traceback on stderr.
+
+    TensorStore's write callbacks, still running after orbax closed their event loop
+    because a write failed, raise 'Event loop is closed' where nothing can catch it: dozens
+    of tracebacks for one disk-full error that the program reports in one line.
+    """
+    logging.debug("Ignored in %r: %r", unraisable.object, unraisable.exc_value)
+
+
+def verbose() -> bool:
+    """True under `--verbosity=1` (`-v 1`) or more: show everything, tracebacks included."""
+    return absl_logging.get_verbosity() >= 1
+
+
 def quiet_library_logs() -> None:
-    """Drops INFO records of orbax, matplotlib and jax from every root-logger handler
-    (absl's included); call inside `main`, after absl set up logging."""
+    """Drops INFO records of orbax, matplotlib and jax and the error echoes of orbax and
+    asyncio from every root-logger handler (absl's included), and routes unraisable
+    exceptions to the debug log; call inside `main`, after absl set up logging. Does nothing
+    under `--verbosity=1`."""
+    if verbose():
+        return
     for handler in logging.getLogger().handlers:
         handler.addFilter(_QuietLibraries())
+    sys.unraisablehook = _unraisable_to_debug_log
+    # The same writers' coroutines, dropped unawaited when the loop closed.
+    warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
 
 
 def die(message: str, status: int = USAGE_ERROR) -> None:
-    """Prints `error: message` to stderr and exits with `status`."""
+    """Prints `error: message` to stderr and exits with `status`; under `--verbosity=1`
+    the traceback of the exception being handled comes first."""
+    if verbose() and sys.exc_info()[0] is not None:
+        traceback.print_exc()
     print(f"error: {message}", file=sys.stderr)
     sys.exit(status)

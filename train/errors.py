@@ -21,3 +21,7 @@ class CheckpointError(RunFailure, ValueError):
 
 class DamagedFileError(RunFailure, ValueError):
     """A file a run wrote (config.json, results.json) is empty or not valid JSON."""
+
+
+class CheckpointWriteError(RunFailure):
+    """A checkpoint could not be written (disk full, file size limit, I/O error)."""

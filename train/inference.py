@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 from flax import linen as nn
 
 from train import config_lib, input_pipeline, steps
-from train.checkpoint import checkpoint_dir
+from train.checkpoint import Checkpointer
 from train.tokenizer import Tokenizer
 from train.train_lib import CONFIG_FILE
 from train.workdir import read_json
@@ -39,14 +39,15 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
 
     Raises:
         FileNotFoundError: no config, tokenizer or checkpoint in `workdir`.
-        ValueError: the checkpoint does not fit the saved config.
+        CheckpointError: no checkpoint restores into the model of the saved config (a
+            RunFailure: damaged files).
         DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
     """
     workdir = pathlib.Path(workdir)
     config_path = workdir / CONFIG_FILE
     if not config_path.exists():
         raise FileNotFoundError(
-            f"{config_path} not found: {workdir} is not a training run directory; train with "
+            f"{config_path} not found: {workdir} is not a training run directory ; train with "
             f"`python -m train.main --workdir {workdir}` first."
         )
     saved = read_json(
@@ -57,36 +58,14 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     config = ml_collections.ConfigDict(saved)
     tokenizer = input_pipeline.make_tokenizer(config, workdir)
     model = steps.make_model(config.task, config_lib.model_config(config, tokenizer.vocab_size))
-    directory = checkpoint_dir(workdir)
-    options = ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)
-    manager = ocp.CheckpointManager(directory, options=options)
-    step = manager.latest_step() if directory.is_dir() else None
-    if step is None:
-        raise FileNotFoundError(
-            f"No checkpoint in {directory}; train with `python -m train.main --workdir "
-            f"{workdir}` first."
-        )
     # Only the parameters are read, into the shapes of a freshly initialised model.
     init_inputs = steps.init_inputs(config.task)
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    checkpointer = Checkpointer(workdir, read_only=True)
     try:
-        restored = manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.PyTreeRestore(
-                    item={"params": target},
-                    restore_args={"params": ocp.checkpoint_utils.construct_restore_args(target)},
-                    partial_restore=True,
-                )
-            ),
-        )
-    except Exception as err:  # orbax raises many types for shape/structure/IO errors
-        raise ValueError(
-            f"Checkpoint {directory / str(step)} does not fit the model of {config_path} "
-            f"({type(err).__name__}: {err}); it is corrupt or from another config."
-        ) from err
+        params, step = checkpointer.restore_params(target)
     finally:
-        manager.close()
-    params = jax.device_put(restored["state"]["params"])  # on device once, not per call
+        checkpointer.close()
+    params = jax.device_put(params)  # on device once, not per call
     return TrainedModel(config, tokenizer, model, params, step)

@@ -7,6 +7,7 @@ module only wires them together as the config says, so that `train_lib` sees one
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import logging
 import os
@@ -38,6 +39,8 @@ class Dataset:
             character, the line break), to turn nats per token into bits per character.
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
             valid/test, and how many were dropped as too long.
+        fingerprint: `data_fingerprint` of the train and validation splits, before
+            tokenization: a resumed run checks that it still trains on the same data.
     """
 
     task: str
@@ -47,6 +50,7 @@ class Dataset:
     valid_examples: list
     chars_per_token: float
     sizes: dict[str, int]
+    fingerprint: dict[str, int | str]
 
 
 def load_examples(config: ml_collections.ConfigDict) -> list:
@@ -70,6 +74,29 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
             config.hf_dataset, config.hf_config, config.hf_split, fields
         )
     return data.read_text_lines(config.corpus_path)
+
+
+def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
+    """Sizes and a SHA-256 of the train and validation texts, in order.
+
+    The hash covers the examples themselves, not the file they came from, so a corpus edited
+    in place (a TSV with its columns swapped, lines added) is caught as well as a different
+    path or corpus name, and a shipped corpus is covered like a user's file.
+
+    Args:
+        train, valid: the splits, (source, target) pairs or text lines.
+
+    Returns:
+        {'train': count, 'valid': count, 'sha256': hex digest}.
+    """
+    digest = hashlib.sha256()
+    for name, examples in (("train", train), ("valid", valid)):
+        digest.update(f"[{name} {len(examples)}]\n".encode())
+        for example in examples:
+            fields = example if isinstance(example, tuple) else (example,)
+            # Tab and newline cannot occur inside a field of a TSV line or a text line.
+            digest.update(("\t".join(fields) + "\n").encode("utf-8", "surrogatepass"))
+    return {"train": len(train), "valid": len(valid), "sha256": digest.hexdigest()}
 
 
 def _texts(examples: Sequence) -> list[str]:
@@ -187,6 +214,7 @@ def build_dataset(
             f"validation examples; both must be non-empty: use a larger corpus or raise "
             f"--config.valid_fraction={config.valid_fraction}."
         )
+    fingerprint = data_fingerprint(splits.train, splits.valid)
     tokenizer = make_tokenizer(config, workdir, splits.train)
     train_ids = _encode(tokenizer, splits.train)
     copies = []  # (target, target) pairs, chosen among all training pairs before filtering
@@ -243,4 +271,5 @@ def build_dataset(
             "test": len(splits.test),
             "dropped_too_long": dropped,
         },
+        fingerprint=fingerprint,
     )

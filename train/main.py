@@ -1,7 +1,7 @@
 """Train a Transformer: `python -m train.main [--config configs/<name>.py] [--workdir DIR]`.
 
-With no flags it trains the default (configs/default.py: Japanese -> English Bible
-translation, ~10 minutes on a laptop CPU) in ./runs/default. Override any config field with
+With no flags it trains the default (configs/default.py: King James -> World English Bible
+translation, ~12 minutes on a 2-core CPU) in ./runs/default. Override any config field with
 `--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
 
@@ -9,7 +9,8 @@ Exit status (train.errors): 0 when done; 2 for a usage error, fixed on the comma
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
 file); 1 for a run failure (a work directory that cannot be written, a disk full or other
 I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
-Either way stderr gets one line, `error: <what> ; <fix>`.
+Either way stderr gets one line, `error: <what> ; <fix>`; `--verbosity=1` (`-v 1`) adds the
+traceback and the libraries' own logs.
 """
 
 from __future__ import annotations

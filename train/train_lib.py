@@ -32,6 +32,7 @@ from train.workdir import WorkdirLock, atomic_write_text, prepare_workdir, read_
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
+DATA_FINGERPRINT_FILE = "data_fingerprint.json"
 
 
 def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, resuming: bool):
@@ -46,10 +47,31 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
         if changed:
             raise ValueError(
                 f"{workdir} holds checkpoints of a run with different {', '.join(changed)} "
-                f"(see {path}); resuming would not fit them. Use a fresh --workdir, or the "
+                f"(see {path}) ; resuming would not fit them: use a fresh --workdir, or the "
                 "saved values."
             )
     atomic_write_text(path, config.to_json(indent=2) + "\n")
+
+
+def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -> None:
+    """Writes the data fingerprint, or refuses to resume on data that changed since.
+
+    Only the corpus path is in config.json; a file edited in place (columns swapped, lines
+    added) would otherwise resume silently on other data, with a stream position that means
+    nothing for it.
+    """
+    path = workdir / DATA_FINGERPRINT_FILE
+    if resuming and path.exists():
+        saved = read_json(path, "delete it and rerun: it is rewritten from the current data")
+        if saved != fingerprint:
+            raise ValueError(
+                f"{workdir} holds checkpoints trained on other data: {saved['train']} train / "
+                f"{saved['valid']} validation examples, sha256 {saved['sha256'][:12]}, now "
+                f"{fingerprint['train']} / {fingerprint['valid']}, sha256 "
+                f"{fingerprint['sha256'][:12]} (see {path}) ; restore the corpus the run "
+                "started with, or use a fresh --workdir."
+            )
+    atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
 
 
 def _tokens_in(batch: dict[str, np.ndarray]) -> int:
@@ -118,6 +140,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         return results
     mesh = sharding_lib.make_mesh(data=-1)
     dataset = input_pipeline.build_dataset(config, workdir, num_devices=mesh.size)
+    _check_same_data(dataset.fingerprint, workdir, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     model = steps.make_model(
         config.task, config_lib.model_config(config, dataset.tokenizer.vocab_size)
