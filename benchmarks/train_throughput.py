@@ -41,6 +41,7 @@ def build_step(
     attention: str = "xla",
     scan_layers: bool = False,
     layers: int | None = None,
+    dropout: float = 0.1,
 ):
     """Model, batch and a jitted (donating) train step for one size."""
     cfg = TransformerConfig(
@@ -50,7 +51,8 @@ def build_step(
         d_ff=size.d_ff,
         num_layers=layers or size.layers,
         max_len=max(size.src_len, size.tgt_len),
-        dropout_rate=0.1,
+        dropout_rate=dropout,
+        attention_dropout_rate=dropout,
         dtype=dtype,
         attention_impl=attention,
         scan_layers=scan_layers,

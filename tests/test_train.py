@@ -240,7 +240,7 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
             path.write_bytes(b"garbage")
     longer = config.copy_and_resolve_references()  # the fixture's config stays as it is
     longer.num_train_steps = 301
-    with pytest.raises(ValueError, match="corrupt or from a different config"):
+    with pytest.raises(ValueError, match="damaged or from a different config"):
         train_lib.train_and_evaluate(longer, str(copy))
 
 
