@@ -15,6 +15,7 @@ from flax_transformer import (
     LayerConfig,
     TransformerConfig,
     causal_mask,
+    layer_norm,
 )
 
 B, S, T, D, N, F, V = 2, 6, 5, 16, 4, 32, 37
@@ -165,3 +166,30 @@ def test_embedding_masks_hide_padded_frames():
 def test_stack_inputs_checked(module, inputs, message):
     with pytest.raises(ValueError, match=message):
         _init(module, inputs, None)
+
+
+def _silence_sublayers(params):
+    """Zero the output projections of attention and FFN: each sublayer then returns 0."""
+    silent = jax.tree.map(lambda x: x, params)
+    for sublayer, names in (
+        ("self_attention", ("out_kernel", "out_bias")),
+        ("ffn", ("wo_kernel", "wo_bias")),
+    ):
+        for name in names:
+            silent["params"][sublayer][name] = jnp.zeros_like(params["params"][sublayer][name])
+    return silent
+
+
+def test_residual_branch_carries_the_input_past_silent_sublayers():
+    """x + Sublayer(LayerNorm(x)) (pre-norm) and LayerNorm(x + Sublayer(x)) (post-norm, the
+    paper's §3.1): with sublayers that output 0, what is left is the residual path."""
+    layer = EncoderLayer(CONFIG)
+    silent = _silence_sublayers(_init(layer, X_BSD))
+    out_BSD, _ = layer.apply(silent, X_BSD)
+    chex.assert_trees_all_close(out_BSD, X_BSD)
+
+    post = EncoderLayer(CONFIG.replace(norm_position="post"))
+    silent = _silence_sublayers(_init(post, X_BSD))
+    out_BSD, _ = post.apply(silent, X_BSD)
+    twice = layer_norm(layer_norm(X_BSD, None, None), None, None)  # init: scale 1, bias 0
+    chex.assert_trees_all_close(out_BSD, twice, atol=1e-5)

@@ -21,6 +21,14 @@ def test_py_typed_marker_is_package_data():
     assert "py.typed" in package_data["flax_transformer"]
 
 
+def test_explorer_template_is_package_data():
+    """`python -m train.visualize --html` reads its page template from the installed package."""
+    tomllib = pytest.importorskip("tomllib")
+    assert (ROOT / "train" / "explorer.html").is_file()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "explorer.html" in pyproject["tool"]["setuptools"]["package-data"]["train"]
+
+
 def _can_build_wheels() -> bool:
     """setuptools builds wheels itself from 70.1 on; older ones need the `wheel` package
     (a fresh Python 3.11 venv has setuptools 65 and no `wheel`)."""
@@ -31,8 +39,9 @@ def _can_build_wheels() -> bool:
 
 
 @pytest.mark.skipif(not _can_build_wheels(), reason="setuptools < 70.1 without `wheel`")
-def test_wheel_contains_py_typed(tmp_path):
-    """A wheel built from a copy of the sources (the worktree stays clean) holds the marker."""
+def test_wheel_contains_package_data(tmp_path):
+    """A wheel built from a copy of the sources (the worktree stays clean) holds the marker
+    and the explorer's page template."""
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for name in ("flax_transformer", "train", "configs"):
@@ -45,4 +54,6 @@ def test_wheel_contains_py_typed(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     wheel = src / "dist" / done.stdout.strip().splitlines()[-1]
-    assert "flax_transformer/py.typed" in zipfile.ZipFile(wheel).namelist()
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "flax_transformer/py.typed" in names
+    assert "train/explorer.html" in names

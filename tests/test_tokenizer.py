@@ -163,3 +163,20 @@ def test_spm_decode_rejects_out_of_range(spm_dir):
     tok = SentencePieceTokenizer(spm_dir / f"spm_{SMALL_VOCAB}.model")
     with pytest.raises(ValueError, match=rf"token id {SMALL_VOCAB} at position 0"):
         tok.decode([SMALL_VOCAB])
+
+
+def test_byte_pieces_show_ascii_and_hex_bytes():
+    tok = ByteTokenizer()
+    ids = [PAD_ID, BOS_ID, EOS_ID, UNK_ID, *tok.encode("a 神")]
+    pieces = [tok.id_to_piece(i) for i in ids]
+    assert pieces == ["<pad>", "<s>", "</s>", "<unk>", "a", " ", "<0xE7>", "<0xA5>", "<0x9E>"]
+    with pytest.raises(ValueError, match="token id 260"):
+        tok.id_to_piece(260)
+
+
+def test_spm_pieces_join_to_the_text(spm_dir):
+    tok = SentencePieceTokenizer(spm_dir / f"spm_{SMALL_VOCAB}.model")
+    text = _tiny_corpus()[0]
+    pieces = [tok.id_to_piece(i) for i in tok.encode(text)]
+    assert "".join(pieces).replace("\u2581", " ").strip() == text
+    assert tok.id_to_piece(BOS_ID) == "<s>"

@@ -27,6 +27,9 @@ NUM_SPECIAL_IDS = 4
 # ByteTokenizer: byte b has id b + BYTE_OFFSET, after the special ids.
 BYTE_OFFSET = NUM_SPECIAL_IDS
 NUM_BYTES = 256
+# Pieces of the special ids, spelled as SentencePiece spells them.
+SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
+PRINTABLE_ASCII = (0x20, 0x7E)  # bytes shown as themselves by ByteTokenizer.id_to_piece
 
 # SentencePiece training defaults. 0.9995 is SentencePiece's recommendation for languages with
 # large character sets (Japanese); the rarest 0.05% of characters become <unk>.
@@ -106,6 +109,19 @@ class ByteTokenizer:
         ids = _check_decodable(ids, self.vocab_size)
         data = bytes(i - BYTE_OFFSET for i in ids if i >= BYTE_OFFSET)
         return data.decode("utf-8", errors="replace")
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The piece an id stands for: a printable ASCII character as itself, any other byte
+        as `<0xHH>`, and the special ids as `<pad>`, `<s>`, `</s>`, `<unk>`.
+
+        Args:
+            token_id: an id in [0, vocab_size).
+        """
+        (token_id,) = _check_decodable([token_id], self.vocab_size)
+        if token_id < BYTE_OFFSET:
+            return SPECIAL_PIECES[token_id]
+        byte = token_id - BYTE_OFFSET
+        return chr(byte) if PRINTABLE_ASCII[0] <= byte <= PRINTABLE_ASCII[1] else f"<0x{byte:02X}>"
 
 
 class SentencePieceTokenizer:
@@ -265,3 +281,12 @@ class SentencePieceTokenizer:
         """
         ids = _check_decodable(ids, self.vocab_size)
         return self._sp.DecodeIds(ids)
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The SentencePiece piece of an id, as the model splits text (`▁` marks a word start).
+
+        Args:
+            token_id: an id in [0, vocab_size).
+        """
+        (token_id,) = _check_decodable([token_id], self.vocab_size)
+        return self._sp.IdToPiece(token_id)

@@ -15,12 +15,18 @@ continued and the whole sequence is passed once. PNG files go to `--out` (defaul
 
 Tick labels are the tokens. Japanese tokens need a CJK font (Debian: fonts-noto-cjk); when
 none is installed they are shown as their ids (`#123`) so the grid stays readable.
+
+With `--html` the same example goes into one interactive, self-contained HTML page instead
+(train/explorer.py; `--out` names the file, default `WORKDIR/pictures/explorer.html`):
+
+    python -m train.visualize --workdir runs/default --text "In the beginning" --html
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import time
 from collections.abc import Sequence
 
 import matplotlib
@@ -213,32 +219,60 @@ def render_all(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from train import evaluate
+    from train import explorer
     from train.inference import load_trained
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a run directory of train.main")
     parser.add_argument("--text", required=True, help="source sentence, or the LM's prompt")
-    parser.add_argument("--out", default=None, help="output folder (default WORKDIR/pictures)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="output folder for the PNGs (default WORKDIR/pictures); with --html, the HTML "
+        "file (default WORKDIR/pictures/explorer.html)",
+    )
     parser.add_argument("--max_new_tokens", type=int, default=24)
+    parser.add_argument(
+        "--html",
+        action="store_true",
+        help="write the interactive attention explorer (one self-contained HTML file) "
+        "instead of the PNG pictures",
+    )
     args = parser.parse_args(argv)
     run = load_trained(args.workdir)
     tok = run.tokenizer
-    out = pathlib.Path(args.out or pathlib.Path(args.workdir) / "pictures")
-    if isinstance(run.model, DecoderOnlyTransformer):
-        text = evaluate.sample_text(
-            run.model, run.params, tok, [args.text], run.config, max_new_tokens=args.max_new_tokens
-        )[0]
-        src_ids, tgt_ids = None, [tok.bos_id, *tok.encode(text)]
-        print(f"prompt + continuation: {text}")
+    started = time.perf_counter()
+    try:
+        src_ids, tgt_ids, prompt_length = explorer.example_ids(
+            run.model, run.params, tok, args.text, args.max_new_tokens
+        )
+    except ValueError as err:
+        raise SystemExit(str(err)) from err
+    generated = tok.decode(tgt_ids[prompt_length:])
+    if src_ids is None:
+        print(f"prompt + continuation: {tok.decode(tgt_ids)}")
     else:
-        translation = evaluate.translate(run.model, run.params, tok, [args.text], run.config)[0]
-        src_ids = tok.encode(args.text)
-        tgt_ids = [tok.bos_id, *tok.encode(translation)]
-        print(f"source: {args.text}\ntranslation: {translation}")
-    limit = run.model.config.max_len
-    if len(tgt_ids) > limit or (src_ids and len(src_ids) > limit):
-        raise SystemExit(f"--text is longer than the model's max_len={limit} tokens; shorten it.")
+        print(f"source: {args.text}\ntranslation: {generated}")
+    if args.html:
+        title = f"{pathlib.Path(args.workdir).name} (step {run.step}): {args.text}"
+        default = pathlib.Path(args.workdir) / "pictures" / "explorer.html"
+        path = explorer.render_explorer(
+            run.model,
+            run.params,
+            tok,
+            src_ids,
+            tgt_ids,
+            pathlib.Path(args.out) if args.out else default,
+            prompt_length=prompt_length,
+            title=title,
+        )
+        seconds = time.perf_counter() - started
+        print(
+            f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; decoding, forward pass and "
+            f"writing took {seconds:.1f} s)"
+        )
+        return
+    out = pathlib.Path(args.out or pathlib.Path(args.workdir) / "pictures")
     for path in render_all(run.model, run.params, tok, src_ids, tgt_ids, out):
         print(f"wrote {path}")
 
