@@ -503,3 +503,43 @@ def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
         "; free disk space or fix the cause, then rerun the same command: it starts over."
     )
     assert len(result.stderr.splitlines()) < 20, result.stderr  # no library tracebacks
+
+
+def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_path):
+    run, _ = finished_run
+    out = tmp_path / "pictures"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        result = subprocess.run(
+            [sys.executable, "-m", "train.visualize", "--workdir", str(run), "--text", "ab"]
+            + ["--out", str(out)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=120,
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == RUN_ERROR
+    line = _one_error_line(result)
+    assert line.startswith(f"error: --out {out} is in use by another run (pid {holder.pid} on ")
+    assert line.endswith("; wait for it to finish or stop it, or pass another --out.")
+    assert sorted(p.name for p in out.iterdir()) == ["lock"]  # nothing written
+
+    missing = subprocess.run(
+        [sys.executable, "-m", "train.visualize", "--workdir", str(tmp_path), "--text", "ab"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert missing.returncode == USAGE_ERROR
+    assert _one_error_line(missing).startswith(
+        f"error: {tmp_path / 'config.json'} not found: {tmp_path} is not a training run "
+        "directory ; train with"
+    )

@@ -30,6 +30,7 @@ from flax import linen as nn
 from flax_transformer import DecoderOnlyTransformer, generate_text, generate_translation
 from flax_transformer.functional.positions import DEFAULT_BASE, sinusoidal_positions
 from train.visualize import attention_maps
+from train.workdir import atomic_write_text
 
 TEMPLATE_NAME = "explorer.html"  # package data of `train` (pyproject.toml [package-data])
 PAYLOAD_PLACEHOLDER = "__EXPLORER_DATA__"
@@ -206,7 +207,7 @@ def write_explorer_html(payload: dict, path: str | os.PathLike) -> pathlib.Path:
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(template.replace(PAYLOAD_PLACEHOLDER, data), encoding="utf-8")
+    atomic_write_text(path, template.replace(PAYLOAD_PLACEHOLDER, data))
     return path
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from train.workdir import atomic_write_text
+from train.workdir import atomic_savefig, atomic_write_text
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -139,6 +139,6 @@ def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
     ax.legend()
     out = pathlib.Path(workdir) / LOSS_CURVE_FILE
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    atomic_savefig(fig, out, dpi=100)
     plt.close(fig)
     return out

@@ -41,6 +41,9 @@ from matplotlib import font_manager  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
 from flax_transformer import DecoderOnlyTransformer, sinusoidal_positions  # noqa: E402
+from train.cli import RUN_ERROR, die, quiet_library_logs  # noqa: E402
+from train.errors import RunFailure  # noqa: E402
+from train.workdir import WorkdirLock, atomic_savefig  # noqa: E402
 
 DPI = 100
 CELL_INCHES = 2.4  # each heatmap panel is CELL_INCHES square (plus margins)
@@ -138,7 +141,7 @@ def plot_attention_grid(
             ax.set_yticklabels(row_labels[::step_r], fontsize=5, **font_kw)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.08, top=0.92, wspace=0.5, hspace=0.6)
-    fig.savefig(path, dpi=DPI)
+    atomic_savefig(fig, path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -160,7 +163,7 @@ def plot_positional_encoding(length: int, dim: int, path: pathlib.Path) -> pathl
     bottom.legend(fontsize=8, ncol=3)
     bottom.set_title("each (sin, cos) pair turns at its own frequency: fast gears first")
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    atomic_savefig(fig, path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -239,7 +242,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "instead of the PNG pictures",
     )
     args = parser.parse_args(argv)
-    run = load_trained(args.workdir)
+    quiet_library_logs()
+    try:
+        run = load_trained(args.workdir)
+    except RunFailure as err:  # damaged config.json or checkpoints
+        die(str(err), RUN_ERROR)
+    except (FileNotFoundError, ValueError) as err:
+        die(str(err))
     tok = run.tokenizer
     started = time.perf_counter()
     try:
@@ -247,34 +256,43 @@ def main(argv: Sequence[str] | None = None) -> None:
             run.model, run.params, tok, args.text, args.max_new_tokens
         )
     except ValueError as err:
-        raise SystemExit(str(err)) from err
+        die(str(err))
     generated = tok.decode(tgt_ids[prompt_length:])
     if src_ids is None:
         print(f"prompt + continuation: {tok.decode(tgt_ids)}")
     else:
         print(f"source: {args.text}\ntranslation: {generated}")
-    if args.html:
-        title = f"{pathlib.Path(args.workdir).name} (step {run.step}): {args.text}"
-        default = pathlib.Path(args.workdir) / "pictures" / "explorer.html"
-        path = explorer.render_explorer(
-            run.model,
-            run.params,
-            tok,
-            src_ids,
-            tgt_ids,
-            pathlib.Path(args.out) if args.out else default,
-            prompt_length=prompt_length,
-            title=title,
-        )
-        seconds = time.perf_counter() - started
-        print(
-            f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; decoding, forward pass and "
-            f"writing took {seconds:.1f} s)"
-        )
-        return
-    out = pathlib.Path(args.out or pathlib.Path(args.workdir) / "pictures")
-    for path in render_all(run.model, run.params, tok, src_ids, tgt_ids, out):
-        print(f"wrote {path}")
+    html_default = pathlib.Path(args.workdir) / "pictures" / "explorer.html"
+    html_path = pathlib.Path(args.out) if args.out else html_default
+    out = html_path.parent if args.html else pathlib.Path(args.out or html_default.parent)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        # Two visualize runs writing one folder would interleave their files.
+        with WorkdirLock(out, flag="--out"):
+            if args.html:
+                title = f"{pathlib.Path(args.workdir).name} (step {run.step}): {args.text}"
+                path = explorer.render_explorer(
+                    run.model,
+                    run.params,
+                    tok,
+                    src_ids,
+                    tgt_ids,
+                    html_path,
+                    prompt_length=prompt_length,
+                    title=title,
+                )
+                seconds = time.perf_counter() - started
+                print(
+                    f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB; decoding, forward "
+                    f"pass and writing took {seconds:.1f} s)"
+                )
+                return
+            for path in render_all(run.model, run.params, tok, src_ids, tgt_ids, out):
+                print(f"wrote {path}")
+    except RunFailure as err:  # the folder is locked by another visualize run
+        die(str(err), RUN_ERROR)
+    except OSError as err:
+        die(f"{err} ; choose a writable --out, or free disk space.", RUN_ERROR)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,20 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def atomic_savefig(fig, path: str | os.PathLike, **kwargs) -> None:
+    """`fig.savefig(path, **kwargs)` through a temporary file and a rename, as
+    `atomic_write_text`: a kill never leaves a truncated picture."""
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, **kwargs)
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def read_json(path: str | os.PathLike, fix: str):
     """Parses a JSON file a run wrote.
 
@@ -111,9 +125,13 @@ class WorkdirLock:
     a second `WorkdirLock` on the same directory fails even within one process.
     """
 
-    def __init__(self, workdir: str | os.PathLike):
-        """Args: workdir: an existing run directory."""
+    def __init__(self, workdir: str | os.PathLike, flag: str = "--workdir"):
+        """Args:
+        workdir: an existing run directory (or output folder).
+        flag: the command-line flag that named it, for the message.
+        """
         self.workdir = pathlib.Path(workdir)
+        self.flag = flag
         self.path = self.workdir / LOCK_FILE
         self._file = None
 
@@ -128,9 +146,9 @@ class WorkdirLock:
             file.close()
             pid, host = (holder + ["unknown"])[:2]
             raise WorkdirLockedError(
-                f"--workdir {self.workdir} is in use by another run (pid {pid} on {host}, "
+                f"{self.flag} {self.workdir} is in use by another run (pid {pid} on {host}, "
                 f"lock {self.path}) ; wait for it to finish or stop it, or pass another "
-                "--workdir."
+                f"{self.flag}."
             ) from None
         file.seek(0)
         file.truncate()
