@@ -251,6 +251,8 @@ class SentencePieceTokenizer:
         # Write then rename, so an interrupted run never leaves a half-written cached model.
         with tempfile.NamedTemporaryFile(dir=workdir, suffix=".tmp", delete=False) as tmp:
             tmp.write(model.getvalue())
+            tmp.flush()
+            os.fsync(tmp.fileno())  # on disk before the rename makes it the cached model
         os.replace(tmp.name, model_path)
         return cls(model_path, was_trained=True)
 
