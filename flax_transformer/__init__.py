@@ -3,7 +3,8 @@
 Layers of the package (imports point down only):
   models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
   decoding    KV-cache generation: generate_translation, generate_text (greedy, sampling, beam)
-  interop     weight import from torch.nn.Transformer and Hugging Face GPT-2 (torch optional)
+  interop     weights in from torch.nn.Transformer and Hugging Face GPT-2, out to GPT-2
+              (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, layer norm, positions, feed-forward
@@ -34,6 +35,7 @@ from flax_transformer.functional import (
 from flax_transformer.interop import (
     config_from_torch,
     decoder_only_params_from_torch_encoder,
+    export_gpt2,
     gpt2_config,
     load_gpt2,
     transformer_params_from_torch,
@@ -71,6 +73,7 @@ __all__ = [
     "config_from_torch",
     "decoder_only_params_from_torch_encoder",
     "dot_product_attention",
+    "export_gpt2",
     "feed_forward",
     "gated_feed_forward",
     "generate_text",

@@ -3,8 +3,10 @@
 torch_transformer  `torch.nn.Transformer` -> `Transformer`; causal `nn.TransformerEncoder`
                    -> `DecoderOnlyTransformer`; `config_from_torch` builds the config
 gpt2               Hugging Face GPT-2 (model object or local directory) -> `DecoderOnlyTransformer`
+export             `DecoderOnlyTransformer` -> Hugging Face GPT-2 directory (safetensors + config)
 """
 
+from flax_transformer.interop.export import export_gpt2, gpt2_hf_config, gpt2_tensors
 from flax_transformer.interop.gpt2 import gpt2_config, load_gpt2
 from flax_transformer.interop.torch_transformer import (
     config_from_torch,
@@ -15,7 +17,10 @@ from flax_transformer.interop.torch_transformer import (
 __all__ = [
     "config_from_torch",
     "decoder_only_params_from_torch_encoder",
+    "export_gpt2",
     "gpt2_config",
+    "gpt2_hf_config",
+    "gpt2_tensors",
     "load_gpt2",
     "transformer_params_from_torch",
 ]
