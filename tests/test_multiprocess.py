@@ -7,6 +7,7 @@ whose process 1 is SIGKILLed after the first checkpoint must, once restarted, en
 uninterrupted run ends. The fast tests check the data shares as pure functions.
 """
 
+import json
 import pathlib
 import sys
 
@@ -104,6 +105,20 @@ def test_decoding_shares_cover_every_sentence_once():
             assert [i for share in shares for i in share] == list(range(num))
 
 
+def test_distributed_settings_fall_back_to_the_environment(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.settings_from_env(None, None, None) == (None, 1, 0)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:8476")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    assert distributed.settings_from_env(None, None, None) == ("10.0.0.1:8476", 4, 3)
+    assert distributed.settings_from_env("h:1", 2, 1) == ("h:1", 2, 1)  # flags win
+    monkeypatch.setenv("JAX_PROCESS_ID", "one")
+    with pytest.raises(ValueError, match=r"\$JAX_PROCESS_ID='one' must be an integer"):
+        distributed.settings_from_env(None, None, None)
+
+
 def test_bad_distributed_flags_are_usage_errors():
     with pytest.raises(ValueError, match="needs --coordinator_address"):
         distributed.initialize(None, 2, 0)
@@ -124,6 +139,7 @@ def _config_file(directory: pathlib.Path, corpus: pathlib.Path) -> pathlib.Path:
         num_train_steps=STEPS,
         checkpoint_every_steps=CHECKPOINT_EVERY,
         bleu_examples=3,  # odd: the two processes decode 2 and 1 sentences
+        num_samples=3,  # all of them in results.json
         max_decode_len=4,
         mesh_shape=(2, 2, 2),
     )
@@ -189,7 +205,11 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tmp_path):
     assert _run(1, 8, args(one)) == 0
     assert _run(2, 4, args(two)) == 0
     _assert_same_training(two, one)
-    assert (two / "results.json").exists() and (two / "loss_curve.png").exists()
+    assert (two / "loss_curve.png").exists()
+    # BLEU sentences decoded 2 + 1 by the two processes, gathered back in order.
+    results = [json.loads((run / "results.json").read_text()) for run in (one, two)]
+    assert results[1]["bleu"]["examples"] == 3
+    assert results[1]["samples"] == results[0]["samples"]
 
     # Process 1 dies after the checkpoint of step 4; process 0 must not outlive it for long.
     status = _run(2, 4, args(killed), command=(sys.executable, "-c", _KILLING_MAIN))
