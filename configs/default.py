@@ -87,6 +87,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 2200  # micro-batch steps in total (updates x grad_accum_steps)
     config.seed = 0  # parameters, dropout and data order all derive from it
     config.rng_impl = "threefry2x32"  # PRNG for dropout: 'threefry2x32', 'rbg', 'unsafe_rbg'
+    config.mesh_shape = (-1, 1, 1)  # device mesh (data, fsdp, tensor) over every process's
+    # devices; -1 = the devices left (flax_transformer.sharding); the batch splits over data x fsdp
 
     # Logging, evaluation and checkpoints.
     config.log_every_steps = 10  # train metrics to JSONL/TensorBoard and the progress bar

@@ -7,10 +7,15 @@ Every batch is a dict of int32 arrays padded with PAD_ID (0):
   shifted by one.
 A batch's L is one of a few bucket lengths and its B is fixed per bucket, so the training step
 compiles once per bucket. Rows past the data are all padding (the loss masks them).
+
+In a run of several processes each one builds only its `RowShare` of every batch: the plan
+(which examples go into which batch, in which order) is the same in every process, so part p
+of P is rows [p*B/P, (p+1)*B/P) of the batch a single process would build.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +29,39 @@ TASKS = ("translation", "lm")
 
 Batch = dict[str, np.ndarray]
 Pair = tuple[Sequence[int], Sequence[int]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShare:
+    """Part `index` of `count` equal, contiguous row ranges of every batch (one process's).
+
+    The default (0, 1) is the whole batch.
+    """
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self):
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"RowShare index={self.index} must be in [0, count={self.count}).")
+
+    def rows(self, batch_rows: int) -> slice:
+        """The rows of a `batch_rows`-row global batch in this share.
+
+        Raises:
+            ValueError: `batch_rows` does not divide into `count` equal parts.
+        """
+        if batch_rows % self.count:
+            raise ValueError(
+                f"A batch of {batch_rows} rows does not split evenly over {self.count} "
+                "processes; make the batch size a multiple of the number of processes."
+            )
+        part = batch_rows // self.count
+        return slice(self.index * part, (self.index + 1) * part)
+
+
+# The share of a single-process run: every row.
+WHOLE_BATCH = RowShare()
 
 
 def default_bucket_lengths(max_len: int, min_len: int = MIN_BUCKET_LENGTH) -> tuple[int, ...]:
@@ -170,6 +208,7 @@ def translation_batches(
     drop_remainder: bool = False,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
     """Bucketed, padded batches for an encoder-decoder.
 
@@ -184,15 +223,20 @@ def translation_batches(
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
         bos_id: prepended to `tgt_in`.
         eos_id: appended to `tgt_out`.
+        share: the rows of each batch to build (this process's part); the plan is the same
+            for every share.
 
     Returns:
-        Batches {'src', 'tgt_in', 'tgt_out'}, each int32 (B, L).
+        Batches {'src', 'tgt_in', 'tgt_out'}, each int32 (B, L) (B / share.count rows of
+        the share).
     """
     lengths = [example_length(pair, "translation") for pair in pairs]
     sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
     batches = []
-    for length, rows, members in _plan(lengths, bucket_lengths, sizes, rng, drop_remainder):
-        chosen = [pairs[i] for i in members]
+    for length, global_rows, members in _plan(lengths, bucket_lengths, sizes, rng, drop_remainder):
+        part = share.rows(global_rows)
+        rows = part.stop - part.start
+        chosen = [pairs[i] for i in members[part]]
         batches.append(
             {
                 "src": _fill(rows, length, [src for src, _ in chosen]),
@@ -222,6 +266,7 @@ def lm_batches(
     drop_remainder: bool = False,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
     """Bucketed, padded language-model batches, one document (e.g. a line) per row.
 
@@ -230,18 +275,20 @@ def lm_batches(
             document becomes BOS + ids + EOS, so `inputs` starts with BOS and `targets` ends
             with EOS.
         bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple, rng,
-        drop_remainder, bos_id, eos_id: as in `translation_batches`.
+        drop_remainder, bos_id, eos_id, share: as in `translation_batches`.
 
     Returns:
-        Batches {'inputs', 'targets'}, each int32 (B, L).
+        Batches {'inputs', 'targets'}, each int32 (B, L) (B / share.count rows of the share).
     """
     lengths = [example_length(sequence, "lm") for sequence in sequences]
     sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
     plan = _plan(lengths, bucket_lengths, sizes, rng, drop_remainder)
-    return [
-        _lm_batch(rows, length, [[bos_id, *sequences[i], eos_id] for i in members])
-        for length, rows, members in plan
-    ]
+    batches = []
+    for length, global_rows, members in plan:
+        part = share.rows(global_rows)
+        documents = [[bos_id, *sequences[i], eos_id] for i in members[part]]
+        batches.append(_lm_batch(part.stop - part.start, length, documents))
+    return batches
 
 
 def packed_lm_batches(
@@ -253,6 +300,7 @@ def packed_lm_batches(
     drop_remainder: bool = False,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
     """Concatenates documents into one stream and cuts it into (B, T) windows: no padding
     except at the very end, so every token trains. Attention crosses document boundaries
@@ -266,10 +314,12 @@ def packed_lm_batches(
         drop_remainder: drop the last, partly filled window and batch instead of padding.
         bos_id: starts each document.
         eos_id: ends each document.
+        share: the rows of each batch to build (this process's part).
 
     Returns:
-        Batches {'inputs', 'targets'}, each int32 (B, T); targets are inputs shifted by one
-        within the stream, so window k's last target is window k+1's first input.
+        Batches {'inputs', 'targets'}, each int32 (B, T) (B / share.count rows of the
+        share); targets are inputs shifted by one within the stream, so window k's last
+        target is window k+1's first input.
     """
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
@@ -285,15 +335,16 @@ def packed_lm_batches(
     padded[:used] = stream[:used]
     inputs = padded[:-1].reshape(num_windows, seq_len)
     targets = padded[1:].reshape(num_windows, seq_len)
+    part = share.rows(batch_size)
     batches = []
     for start in range(0, num_windows, batch_size):
-        rows = slice(start, start + batch_size)
-        if inputs[rows].shape[0] < batch_size and drop_remainder:
+        if num_windows - start < batch_size and drop_remainder:
             break
+        rows = slice(start + part.start, min(start + part.stop, num_windows))
         batches.append(
             {
-                "inputs": _fill(batch_size, seq_len, inputs[rows]),
-                "targets": _fill(batch_size, seq_len, targets[rows]),
+                "inputs": _fill(part.stop - part.start, seq_len, inputs[rows]),
+                "targets": _fill(part.stop - part.start, seq_len, targets[rows]),
             }
         )
     if rng is not None:

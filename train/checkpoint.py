@@ -1,5 +1,9 @@
 """Orbax checkpoints of a run: the train state plus a JSON item with the data-stream position.
 
+In a run of several processes every process calls save and restore (orbax writes each
+array's shards from the processes that hold them, and process 0 finalises the step);
+the directory must be one that every process sees (a shared filesystem across hosts).
+
 Layout: `workdir/checkpoints/<step>/{state, progress}`. 'state' is the TrainState pytree
 (step, params, optimizer state, dropout PRNG key); 'progress' is JSON with the data stream's
 `state_dict()` (epoch and position), so a resumed run sees exactly the batches an
@@ -19,6 +23,7 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
+from train import distributed
 from train.errors import CheckpointError, CheckpointWriteError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -226,9 +231,11 @@ class Checkpointer:
             except CheckpointError as err:
                 failed.append((step, err))
                 continue
-            for bad, err in failed:
-                self._move_aside(bad, err, step)
+            if distributed.is_primary():  # one process renames; the others wait for it
+                for bad, err in failed:
+                    self._move_aside(bad, err, step)
             if failed:
+                distributed.barrier("checkpoint-moved-aside")
                 self._manager.reload()
             return restored
         raise failed[0][1]

@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from flax_transformer import generate_text, generate_translation
-from train import data
+from train import data, distributed
 from train.metrics import summarize
 from train.tokenizer import Tokenizer
 
@@ -278,13 +278,17 @@ def validation_bleu(
 ) -> tuple[dict, list[str]]:
     """BLEU/chrF of the model's translations of the first `bleu_examples` validation pairs.
 
+    Every process of a multi-process run must call it (they share the decoding), with
+    `params` whole in each (`distributed.host_copy`).
+
     Returns:
         ({bleu, chrf, repeated_4gram, examples, decoding}, the translations).
     """
     pairs = dataset.valid_examples[: config.bleu_examples]
-    hypotheses = translate(
-        model, params, dataset.tokenizer, [s for s, _ in pairs], config, beam_size=beam_size
-    )
+    # With several processes each translates its share of the sentences; all gather them.
+    mine = [pairs[i][0] for i in distributed.share_of(len(pairs))]
+    translated = translate(model, params, dataset.tokenizer, mine, config, beam_size=beam_size)
+    hypotheses = distributed.gather_texts(translated, len(pairs))
     scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
     decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
     return {

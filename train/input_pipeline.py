@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from train import data, hf_corpus
+from train.batching import WHOLE_BATCH, RowShare
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Below this many training examples (real ones, copies not counted) a run still works but
@@ -144,11 +145,12 @@ def _flat(examples: Sequence) -> np.ndarray:
     return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64)
 
 
-def _batches(config, task, examples, rng, num_devices, drop_remainder=False):
-    """Batches of tokenized examples as the config says (bucketed, or packed for the LM)."""
+def _batches(config, task, examples, rng, num_devices, share, drop_remainder=False):
+    """Batches of tokenized examples as the config says (bucketed, or packed for the LM);
+    only the `share` of each batch's rows is built."""
     if config.packed:
         return data.packed_lm_batches(
-            examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng
+            examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
         )
     buckets = tuple(config.bucket_lengths) or data.default_bucket_lengths(config.max_len)
     make = data.translation_batches if task == "translation" else data.lm_batches
@@ -160,6 +162,7 @@ def _batches(config, task, examples, rng, num_devices, drop_remainder=False):
         batch_size_multiple=num_devices,
         rng=rng,
         drop_remainder=drop_remainder,
+        share=share,
     )
 
 
@@ -186,17 +189,28 @@ def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
 
 
 def build_dataset(
-    config: ml_collections.ConfigDict, workdir: str | os.PathLike, num_devices: int = 1
+    config: ml_collections.ConfigDict,
+    workdir: str | os.PathLike,
+    num_devices: int = 1,
+    share: RowShare = WHOLE_BATCH,
+    make_tokenizer: Callable = make_tokenizer,
 ) -> Dataset:
     """Loads, splits, tokenizes and batches the config's corpus.
+
+    In a run of several processes every process reads and tokenizes the whole corpus (the
+    length buckets and the shuffled order need every example's length, and are then the same
+    everywhere), but fills only its `share` of each batch's rows.
 
     Args:
         config: a validated experiment config.
         workdir: the run directory (SentencePiece model cache).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
+        share: the rows of every batch this process builds (all of them for one process).
+        make_tokenizer: (config, workdir, train examples) -> tokenizer; e.g. one that lets
+            one process train SentencePiece while the others wait for its file.
 
     Returns:
-        The Dataset.
+        The Dataset; its batches hold `share`'s rows only.
 
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
@@ -206,6 +220,11 @@ def build_dataset(
         raise ValueError(
             f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
             "devices the batch is split over."
+        )
+    if config.batch_size and config.batch_size % share.count:
+        raise ValueError(
+            f"--config.batch_size={config.batch_size} must be a multiple of the {share.count} "
+            "processes the batch is split over."
         )
     splits = data.split_examples(load_examples(config), config.valid_fraction, config.test_fraction)
     if not splits.train or not splits.valid:
@@ -248,7 +267,7 @@ def build_dataset(
             len(train_ids),
             MIN_TRAIN_EXAMPLES,
         )
-    eval_batches = _batches(config, task, valid_ids, None, num_devices)
+    eval_batches = _batches(config, task, valid_ids, None, num_devices, share)
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]
     target_ids = [tgt for _, tgt in valid_ids] if task == "translation" else valid_ids
@@ -260,7 +279,7 @@ def build_dataset(
     return Dataset(
         task=task,
         tokenizer=tokenizer,
-        build_epoch=lambda rng: _batches(config, task, train_ids + copies, rng, num_devices),
+        build_epoch=lambda rng: _batches(config, task, train_ids + copies, rng, num_devices, share),
         eval_batches=eval_batches,
         valid_examples=valid_texts,
         chars_per_token=num_chars / num_tokens,

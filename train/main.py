@@ -5,6 +5,11 @@ translation, ~12 minutes on a 2-core CPU) in ./runs/default. Override any config
 `--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
 
+Several processes (one per host, or several on one machine: `python -m train.launch_local`)
+run the same command with `--coordinator_address=HOST:PORT --num_processes=N
+--process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
+with its own index; see train.distributed and README "Many devices".
+
 Exit status (train.errors): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
 file); 1 for a run failure (a work directory that cannot be written, a disk full or other
@@ -29,6 +34,18 @@ DEFAULT_WORKDIR = "runs/default"
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", DEFAULT_WORKDIR, "Run directory: checkpoints, metrics, outputs.")
+flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "Multi-process runs: HOST:PORT of process 0, the same in every process "
+    "(default $JAX_COORDINATOR_ADDRESS).",
+)
+flags.DEFINE_integer(
+    "num_processes", None, "Processes in the run (default $JAX_NUM_PROCESSES, else 1)."
+)
+flags.DEFINE_integer(
+    "process_id", None, "This process's index in [0, num_processes) (default $JAX_PROCESS_ID)."
+)
 
 
 def _override_error(err: Exception, argv: list[str]) -> str:
@@ -115,6 +132,24 @@ def main(argv: list[str]) -> None:
         die(_config_file_error(err, sys.argv), USAGE_ERROR)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
+    from train import distributed
+
+    try:
+        settings = distributed.settings_from_env(
+            FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
+        )
+        distributed.initialize(*settings)  # before anything else uses jax
+    except ValueError as err:
+        die(str(err), USAGE_ERROR)
+    except Exception as err:  # jax raises runtime errors of several types
+        die(
+            f"could not join the other processes at {settings[0]} ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}) ; start process 0 with the same "
+            "--coordinator_address, reachable from this host, and every --process_id once.",
+            RUN_ERROR,
+        )
+    if not distributed.is_primary():
+        logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
     from train import train_lib
     from train.corpora import CorpusNotFoundError
     from train.errors import RunFailure

@@ -22,6 +22,7 @@ from flax import linen as nn
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.functional import label_smoothed_cross_entropy
+from train.batching import WHOLE_BATCH, RowShare
 from train.tokenizer import UNK_ID
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
@@ -240,10 +241,15 @@ def jit_steps(
     rng_impl: str,
     target_token_dropout: float = 0.0,
     unk_id: int = UNK_ID,
+    share: RowShare = WHOLE_BATCH,
 ) -> tuple[Callable, Callable, Callable]:
     """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
 
     The train step donates the state (its buffers are reused for the new state).
+
+    Args:
+        share: the rows of each global batch that this process's numpy batches hold
+            (`train.distributed.batch_row_share`); all of them in a single process.
 
     Returns:
         (train_step(state, batch), eval_step(params, batch), put_batch(numpy batch)).
@@ -273,7 +279,13 @@ def jit_steps(
     )
 
     def put_batch(batch):
-        # numpy straight to its shards: each device receives only its rows.
-        return jax.device_put(dict(batch), batch_sharding)
+        # This process's rows straight to its devices' shards; with several processes the
+        # parts join into one global (B, L) array without any process holding all of it.
+        return {
+            key: jax.make_array_from_process_local_data(
+                batch_sharding, rows, (rows.shape[0] * share.count, *rows.shape[1:])
+            )
+            for key, rows in batch.items()
+        }
 
     return train, evaluate, put_batch

@@ -9,10 +9,15 @@ One run = one work directory (locked while the run writes it, see train.workdir)
   workdir/loss_curve.png     train and validation loss against step
   workdir/results.json       the final validation metrics, BLEU/chrF and samples
 Rerunning the same command resumes from the latest checkpoint, bit-identically on CPU.
+
+In a run of several processes (train.distributed) every process runs this same program on
+the same global arrays; only process 0 takes the lock and writes the files above, except the
+checkpoints, which every process writes together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pathlib
@@ -24,7 +29,7 @@ import ml_collections
 import numpy as np
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, data, evaluate, input_pipeline, optim, steps
+from train import config_lib, data, distributed, evaluate, input_pipeline, optim, steps
 from train.checkpoint import Checkpointer
 from train.metrics import MetricsWriter, plot_loss_curve
 from train.train_log import TrainingDivergedError, TrainLog, progress_bar
@@ -50,7 +55,36 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
                 f"(see {path}) ; resuming would not fit them: use a fresh --workdir, or the "
                 "saved values."
             )
-    atomic_write_text(path, config.to_json(indent=2) + "\n")
+    if distributed.is_primary():
+        atomic_write_text(path, config.to_json(indent=2) + "\n")
+
+
+def _shared_tokenizer(config, workdir, train_examples):
+    """The config's tokenizer, trained (SentencePiece) by process 0 only: the others wait
+    for its file in the (shared) work directory and read it, so all use the same one."""
+    if distributed.is_primary():
+        tokenizer = input_pipeline.make_tokenizer(config, workdir, train_examples)
+    distributed.barrier("tokenizer")
+    if not distributed.is_primary():
+        tokenizer = input_pipeline.make_tokenizer(config, workdir)
+    return tokenizer
+
+
+class _Discard:
+    """The MetricsWriter of processes other than 0: writes nothing."""
+
+    def write(self, step: int, split: str, values) -> None:
+        del step, split, values
+
+    def close(self) -> None:
+        pass
+
+
+def _make_mesh(config) -> jax.sharding.Mesh:
+    try:
+        return sharding_lib.make_mesh(*config.mesh_shape)
+    except ValueError as err:
+        raise ValueError(f"--config.mesh_shape={tuple(config.mesh_shape)}: {err}") from None
 
 
 def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -> None:
@@ -71,7 +105,8 @@ def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -
                 f"{fingerprint['sha256'][:12]} (see {path}) ; restore the corpus the run "
                 "started with, or use a fresh --workdir."
             )
-    atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
+    if distributed.is_primary():
+        atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
 
 
 def _tokens_in(batch: dict[str, np.ndarray]) -> int:
@@ -114,7 +149,9 @@ def train_and_evaluate(
     """
     config_lib.validate_config(config)
     workdir = prepare_workdir(workdir)
-    with WorkdirLock(workdir):  # one run per work directory; released on any exit
+    # One run per work directory; released on any exit. Process 0 holds it for the run.
+    lock = WorkdirLock(workdir) if distributed.is_primary() else contextlib.nullcontext()
+    with lock:
         checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
         try:
             return _run(config, workdir, checkpointer, step_callback)
@@ -136,10 +173,14 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
             workdir / RESULTS_FILE,
             "delete it and rerun: the final evaluation is redone from the last checkpoint",
         )
-        print(evaluate.format_report(results), flush=True)
+        if distributed.is_primary():
+            print(evaluate.format_report(results), flush=True)
         return results
-    mesh = sharding_lib.make_mesh(data=-1)
-    dataset = input_pipeline.build_dataset(config, workdir, num_devices=mesh.size)
+    mesh = _make_mesh(config)
+    share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
+    dataset = input_pipeline.build_dataset(
+        config, workdir, num_devices=mesh.size, share=share, make_tokenizer=_shared_tokenizer
+    )
     _check_same_data(dataset.fingerprint, workdir, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     model = steps.make_model(
@@ -165,8 +206,10 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         rng_impl=config.rng_impl,
         target_token_dropout=config.target_token_dropout,
         unk_id=dataset.tokenizer.unk_id,
+        share=share,
     )
-    writer = MetricsWriter(workdir, resume_step=int(state.step))
+    primary = distributed.is_primary()
+    writer = MetricsWriter(workdir, resume_step=int(state.step)) if primary else _Discard()
     log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
     chars_per_token = dataset.chars_per_token if config.task == "lm" else None
 
@@ -189,11 +232,13 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         checkpointer.save(step, state, {"stream": stream.state_dict(), "step": step})
 
     total, valid = config.num_train_steps, None
-    with progress_bar(total, int(state.step)) as bar:
+    with progress_bar(total, int(state.step), enabled=primary) as bar:
+        say = bar.write if primary else lambda text: None
         for step in range(int(state.step) + 1, total + 1):
             batch = next(stream)
             state, metrics = train_step(state, put_batch(batch))
-            log.add(step, metrics, _tokens_in(batch))
+            # This process's rows only: with equal shares, times the share count is the whole.
+            log.add(step, metrics, _tokens_in(batch) * share.count)
             bar.update(1)
             if step % config.log_every_steps == 0 or step == total:
                 summary = log.check()
@@ -205,7 +250,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
                 )
             if step % config.eval_every_steps == 0 or step == total:
                 valid = run_eval(step)
-                bar.write(
+                say(
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
                 )
@@ -217,10 +262,14 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
                 and step < total
             ):
                 scores, _ = evaluate.validation_bleu(
-                    config, dataset, model, state.params, beam_size=config.beam_size
+                    config,
+                    dataset,
+                    model,
+                    distributed.host_copy(state.params),
+                    beam_size=config.beam_size,
                 )
                 writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
-                bar.write(
+                say(
                     f"step {step}: validation BLEU {scores['bleu']:.2f}, chrF "
                     f"{scores['chrf']:.2f} ({scores['examples']} sentences, {scores['decoding']})"
                 )
@@ -236,11 +285,13 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     results = {
         "step": step,
         "valid": valid,
-        **evaluate.final_outputs(config, dataset, model, state.params),
+        **evaluate.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
     }
     if "bleu" in results:
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
     writer.close()
+    if not primary:
+        return results
     plot_loss_curve(workdir)
     atomic_write_text(
         workdir / RESULTS_FILE, json.dumps(results, indent=2, ensure_ascii=False) + "\n"

@@ -25,8 +25,11 @@ class TrainingDivergedError(RunFailure):
     """The loss (or the parameters) became NaN or infinite."""
 
 
-def progress_bar(total: int, initial: int):
-    """A tqdm bar over train steps; in a log file (not a terminal) it updates every 30 s."""
+def progress_bar(total: int, initial: int, enabled: bool = True):
+    """A tqdm bar over train steps; in a log file (not a terminal) it updates every 30 s.
+
+    `enabled=False` (processes other than 0 of a multi-process run) shows nothing.
+    """
     from tqdm import tqdm
 
     interactive = sys.stderr.isatty()
@@ -37,6 +40,7 @@ def progress_bar(total: int, initial: int):
         dynamic_ncols=True,
         mininterval=0.5 if interactive else 30.0,  # a log file gets a line every 30 s
         desc="train",
+        disable=not enabled,
     )
 
 

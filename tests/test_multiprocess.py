@@ -1,0 +1,220 @@
+"""Issue 15: one training run as several processes (JAX's distributed runtime, CPU collectives
+through gloo), each feeding only its share of every batch.
+
+The slow test starts real processes on 127.0.0.1 with `train.launch_local`: 2 processes x 4
+CPU devices under a (2, 2, 2) mesh must train exactly as 1 process x 8 devices, and a run
+whose process 1 is SIGKILLed after the first checkpoint must, once restarted, end where the
+uninterrupted run ends. The fast tests check the data shares as pure functions.
+"""
+
+import json
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from train_helpers import tiny_config, write_tiny_tsv
+
+from train import batching, distributed, launch_local, metrics
+from train.checkpoint import checkpoint_dir
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+# Every run of the slow test is stopped after this long, whatever happens.
+RUN_TIMEOUT_S = 300
+STEPS, CHECKPOINT_EVERY, KILL_AT_STEP = 8, 4, 6
+# Runs train.main with a step callback that SIGKILLs process 1 after step KILL_AT_STEP.
+_KILLING_MAIN = (
+    "import os, signal, sys\n"
+    "import jax\n"
+    "from train import main, train_lib\n"
+    "real = train_lib.train_and_evaluate\n"
+    "def kill(step):\n"
+    f"    if step == {KILL_AT_STEP} and jax.process_index() == 1:\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    "train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=kill)\n"
+    "sys.argv = ['train.main', *sys.argv[1:]]\n"
+    "main.run()\n"
+)
+
+
+def _pairs(num: int) -> list[tuple[list[int], list[int]]]:
+    """Distinct toy pairs of varied lengths; pair i's source starts with i + 1."""
+    rng = np.random.default_rng(0)
+    return [
+        ([i + 1, *rng.integers(1, 50, rng.integers(0, 6))], list(rng.integers(1, 50, 3)))
+        for i in range(num)
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_process_shares_cover_every_example_once_in_the_global_order(count):
+    pairs = _pairs(37)  # not a multiple of the batch: the last batches are part padding
+    kwargs = dict(bucket_lengths=(4, 8), batch_size=8, rng=np.random.default_rng([3, 0]))
+    whole = batching.translation_batches(pairs, **kwargs)
+    parts = [
+        batching.translation_batches(
+            pairs,
+            **{**kwargs, "rng": np.random.default_rng([3, 0])},
+            share=batching.RowShare(index, count),
+        )
+        for index in range(count)
+    ]
+    seen = []
+    for b, batch in enumerate(whole):
+        for key, rows in batch.items():  # the shares, stacked, are the single-process batch
+            stacked = np.concatenate([part[b][key] for part in parts])
+            np.testing.assert_array_equal(stacked, rows)
+        for part in parts:
+            assert part[b]["src"].shape == (8 // count, batch["src"].shape[1])
+            seen += [int(row[0]) for row in part[b]["src"] if row.any()]
+    assert sorted(seen) == list(range(1, 38))  # every example once, none twice
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_language_model_shares_stack_into_the_global_batches(packed):
+    lines = [list(range(1, 2 + i % 7)) for i in range(23)]
+    if packed:
+        make = lambda share: batching.packed_lm_batches(
+            lines, seq_len=8, batch_size=4, rng=np.random.default_rng(1), share=share
+        )
+    else:
+        make = lambda share: batching.lm_batches(
+            lines, bucket_lengths=(8,), batch_size=4, rng=np.random.default_rng(1), share=share
+        )
+    whole = make(batching.WHOLE_BATCH)
+    parts = [make(batching.RowShare(i, 2)) for i in range(2)]
+    assert len(parts[0]) == len(parts[1]) == len(whole)
+    for b, batch in enumerate(whole):
+        for key, rows in batch.items():
+            np.testing.assert_array_equal(np.concatenate([p[b][key] for p in parts]), rows)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused():
+    with pytest.raises(ValueError, match="6 rows does not split evenly over 4 processes"):
+        batching.RowShare(1, 4).rows(6)
+    with pytest.raises(ValueError, match=r"index=2 must be in \[0, count=2\)"):
+        batching.RowShare(2, 2)
+
+
+def test_decoding_shares_cover_every_sentence_once():
+    for num in (0, 1, 3, 10):
+        for count in (1, 2, 3):
+            shares = [distributed.share_of_process(num, i, count) for i in range(count)]
+            assert [i for share in shares for i in share] == list(range(num))
+
+
+def test_distributed_settings_fall_back_to_the_environment(monkeypatch):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.settings_from_env(None, None, None) == (None, 1, 0)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:8476")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    assert distributed.settings_from_env(None, None, None) == ("10.0.0.1:8476", 4, 3)
+    assert distributed.settings_from_env("h:1", 2, 1) == ("h:1", 2, 1)  # flags win
+    monkeypatch.setenv("JAX_PROCESS_ID", "one")
+    with pytest.raises(ValueError, match=r"\$JAX_PROCESS_ID='one' must be an integer"):
+        distributed.settings_from_env(None, None, None)
+
+
+def test_bad_distributed_flags_are_usage_errors():
+    with pytest.raises(ValueError, match="needs --coordinator_address"):
+        distributed.initialize(None, 2, 0)
+    with pytest.raises(ValueError, match=r"--process_id=2 must be in \[0, 2\)"):
+        distributed.initialize("127.0.0.1:1", 2, 2)
+
+
+def _config_file(directory: pathlib.Path, corpus: pathlib.Path) -> pathlib.Path:
+    """A config file holding the tiny run of tests/train_helpers.py on a (2, 2, 2) mesh.
+
+    The model has no attention biases: softmax ignores a shift shared by all keys, so the
+    key bias gets only rounding noise as its gradient, which Adam scales up to steps as large
+    as the learning rate; a different summation order (across processes through gloo, or
+    within one) would show there alone, as differences of ~1e-6 in parameters near 0.
+    """
+    config = tiny_config(
+        corpus,
+        num_train_steps=STEPS,
+        checkpoint_every_steps=CHECKPOINT_EVERY,
+        bleu_examples=3,  # odd: the two processes decode 2 and 1 sentences
+        num_samples=3,  # all of them in results.json
+        max_decode_len=4,
+        mesh_shape=(2, 2, 2),
+    )
+    config.model.attention_bias = False
+    path = directory / "tiny_config.py"
+    path.write_text(
+        "import ml_collections\n\n\n"
+        f"def get_config():\n    return ml_collections.ConfigDict({config.to_dict()!r})\n"
+    )
+    return path
+
+
+def _run(num_processes: int, devices: int, args: list[str], command=None) -> int:
+    """Runs the processes to the end (or RUN_TIMEOUT_S); none is left running."""
+    extra = {} if command is None else {"command": command}
+    processes = launch_local.start(num_processes, devices, args, cwd=str(REPO), **extra)
+    try:
+        return launch_local.supervise(processes, timeout_s=RUN_TIMEOUT_S)
+    finally:
+        launch_local.stop(processes)
+
+
+def _params(workdir: pathlib.Path, step: int) -> dict:
+    """The parameters of checkpoint `step`, restored as numpy (this process has 1 device)."""
+    path = checkpoint_dir(workdir) / str(step) / "state"
+    checkpointer = ocp.PyTreeCheckpointer()
+    tree = checkpointer.metadata(path).item_metadata.tree
+    restore = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore))
+    return state["params"]
+
+
+def _losses(workdir: pathlib.Path) -> list[tuple]:
+    """(step, split, loss, nll, accuracy, tokens) of every train and valid record."""
+    return [
+        (r["step"], r["split"], r["loss"], r["nll"], r["accuracy"], r["tokens"])
+        for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)
+        if r["split"] in ("train", "valid")
+    ]
+
+
+def _assert_same_training(workdir, reference):
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6),
+        _params(workdir, STEPS),
+        _params(reference, STEPS),
+    )
+    got, want = _losses(workdir), _losses(reference)
+    assert [r[:2] for r in got] == [r[:2] for r in want]
+    np.testing.assert_allclose(
+        np.asarray([r[2:] for r in got]), np.asarray([r[2:] for r in want]), rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.slow
+def test_two_processes_train_as_one_and_resume_after_a_kill(tmp_path):
+    config = str(_config_file(tmp_path, write_tiny_tsv(tmp_path)))
+    one, two, killed = (tmp_path / name for name in ("one", "two", "killed"))
+
+    def args(workdir):
+        return ["--config", config, "--workdir", str(workdir)]
+
+    assert _run(1, 8, args(one)) == 0
+    assert _run(2, 4, args(two)) == 0
+    _assert_same_training(two, one)
+    assert (two / "loss_curve.png").exists()
+    # BLEU sentences decoded 2 + 1 by the two processes, gathered back in order.
+    results = [json.loads((run / "results.json").read_text()) for run in (one, two)]
+    assert results[1]["bleu"]["examples"] == 3
+    assert results[1]["samples"] == results[0]["samples"]
+
+    # Process 1 dies after the checkpoint of step 4; process 0 must not outlive it for long.
+    status = _run(2, 4, args(killed), command=(sys.executable, "-c", _KILLING_MAIN))
+    assert status == 128 + 9, status
+    saved = sorted(int(p.name) for p in checkpoint_dir(killed).iterdir() if p.name.isdigit())
+    assert saved == [CHECKPOINT_EVERY]
+    assert _run(2, 4, args(killed)) == 0  # both restarted: resumes at step 4
+    _assert_same_training(killed, two)
