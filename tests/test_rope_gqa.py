@@ -200,6 +200,10 @@ def test_cache_is_sized_by_kv_heads(kv_heads):
     layer = cache["decoder"]["layers_0"]
     assert layer["self_attention"]["k"].shape == (3, kv_heads, 10, 8)
     assert layer["cross_attention"]["v"].shape == (3, kv_heads, 5, 8)
+    from benchmarks.kv_cache import cache_bytes_per_token
+
+    # 2 layers x (k, v) x K heads x H 8 x 4 bytes, read off the cache pytree.
+    assert cache_bytes_per_token(config) == {"self": 128 * kv_heads, "cross": 128 * kv_heads}
 
 
 def test_jax_nn_attention_composes_with_grouped_query_and_rope():
