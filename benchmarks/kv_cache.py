@@ -22,9 +22,6 @@ BASE = TransformerConfig(
     vocab_size=32000, d_model=512, num_heads=8, d_ff=2048, num_layers=6, max_len=256
 )
 KV_HEADS = (8, 2, 1)
-# Slots of the probe cache: any length gives the same bytes per token (keys/values only
-# grow with it); a batch of one sequence.
-PROBE_SLOTS, PROBE_SOURCE = 128, 64
 
 
 def _bytes(tree) -> int:
@@ -34,14 +31,16 @@ def _bytes(tree) -> int:
 def cache_bytes_per_token(config: TransformerConfig) -> dict[str, float]:
     """`{'self': bytes per decoder token, 'cross': bytes per source token}` of one sequence.
 
-    Measured on the `jax.eval_shape` of an encoder-decoder cache of PROBE_SLOTS decoder
-    slots and PROBE_SOURCE source positions; a decoder-only model's cache is the 'self' part.
+    Measured on the `jax.eval_shape` of an encoder-decoder cache of `config.max_len` decoder
+    slots and as many source positions (keys and values grow linearly with both, so any
+    length gives the same bytes per token); a decoder-only model's cache is the 'self' part.
     """
-    cache = jax.eval_shape(lambda: init_cache(config, 1, PROBE_SLOTS, PROBE_SOURCE))
+    length = config.max_len
+    cache = jax.eval_shape(lambda: init_cache(config, 1, length, length))
     layers = cache["decoder"].values()
     self_bytes = sum(_bytes(layer["self_attention"]) for layer in layers)
     cross_bytes = sum(_bytes(layer["cross_attention"]) for layer in layers)
-    return {"self": self_bytes / PROBE_SLOTS, "cross": cross_bytes / PROBE_SOURCE}
+    return {"self": self_bytes / length, "cross": cross_bytes / length}
 
 
 def table(config: TransformerConfig = BASE, kv_heads=KV_HEADS) -> str:
