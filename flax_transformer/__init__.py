@@ -7,18 +7,20 @@ Layers of the package (imports point down only):
               (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
-  functional  pure jnp formulas: attention, masks, layer norm, positions, feed-forward
+  functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,
-  H head width (D / N), F feed-forward width, V vocabulary size.
+  K key/value heads (grouped-query attention; K = N by default), H head width (D / N),
+  F feed-forward width, V vocabulary size.
 """
 
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
 from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.decoding import generate_text, generate_translation
 from flax_transformer.functional import (
+    apply_rope,
     causal_mask,
     combine_masks,
     dot_product_attention,
@@ -67,6 +69,7 @@ __all__ = [
     "RMSNorm",
     "Transformer",
     "TransformerConfig",
+    "apply_rope",
     "causal_mask",
     "check_tokens",
     "combine_masks",

@@ -8,6 +8,7 @@ BATCH = "batch"
 LENGTH = "length"
 EMBED = "embed"  # model width D
 HEADS = "heads"  # attention heads N
+KV_HEADS = "kv_heads"  # key/value heads K of grouped-query attention (when K < N)
 KV = "kv"  # head width H
 MLP = "mlp"  # feed-forward width F
 VOCAB = "vocab"

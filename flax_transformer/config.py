@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ _LAYER_CHOICES = {
     "activation": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
     "attention_impl": ("xla", "jax_nn"),
 }
-_CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned")}
+_CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned", "rope")}
 
 
 def _as_dtype(owner: str, field: str, value: Any) -> Any:
@@ -60,6 +61,26 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
             raise ValueError(f"{owner}.{name}={getattr(config, name)!r} is not one of {allowed}.")
+    kv_heads = config.num_kv_heads
+    if kv_heads is not None:
+        _check_positive(config, "num_kv_heads")
+        if config.num_heads % kv_heads:
+            raise ValueError(
+                f"{owner}.num_kv_heads={kv_heads} does not divide num_heads={config.num_heads}; "
+                "pick a divisor of num_heads (num_heads: multi-head, 1: multi-query attention)."
+            )
+    base = config.rope_base
+    if isinstance(base, bool) or not isinstance(base, int | float) or not math.isfinite(base):
+        raise ValueError(f"{owner}.rope_base={base!r} must be a finite number > 0.")
+    if base <= 0:
+        raise ValueError(f"{owner}.rope_base={base!r} must be a finite number > 0.")
+    head_dim = config.d_model // config.num_heads
+    if config.rope and head_dim % 2:
+        raise ValueError(
+            f"{owner}: rotary positions turn pairs of features, so the head width "
+            f"d_model / num_heads = {config.d_model} / {config.num_heads} = {head_dim} must be "
+            "even; change d_model or num_heads."
+        )
 
 
 def _check_positive(config: Any, name: str) -> None:
@@ -96,9 +117,17 @@ class LayerConfig:
     attention_impl: str = "xla"  # 'xla' or 'jax_nn' (see TransformerConfig)
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
+    num_kv_heads: int | None = None  # key/value heads K (see TransformerConfig); None = num_heads
+    rope: bool = False  # rotary positions on self-attention (TransformerConfig.positional='rope')
+    rope_base: float = 10000.0  # rotary frequency base (see TransformerConfig)
 
     def __post_init__(self):
         _check_layer_fields(self, _LAYER_CHOICES)
+
+    @property
+    def kv_heads(self) -> int:
+        """K, the key/value heads: `num_kv_heads`, or `num_heads` where it is None."""
+        return self.num_kv_heads or self.num_heads
 
     def replace(self, **changes) -> LayerConfig:
         """A copy with some fields changed (validated again)."""
@@ -117,6 +146,10 @@ class TransformerConfig:
     target_vocab_size: int | None = None  # separate target vocabulary; None = vocab_size
     d_model: int = 256  # model width D
     num_heads: int = 4  # attention heads N; must divide d_model
+    # Key/value heads K (grouped-query attention; 1 = multi-query); must divide num_heads.
+    # Query head i reads key/value head i // (num_heads // K), as Hugging Face's Llama.
+    # None = num_heads (multi-head attention, the paper)
+    num_kv_heads: int | None = None
     d_ff: int = 1024  # feed-forward width F
     num_layers: int = 3  # layers per stack
     num_encoder_layers: int | None = None  # override for the encoder; None = num_layers
@@ -128,7 +161,12 @@ class TransformerConfig:
     norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
     norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     final_norm: bool | None = None  # LayerNorm after each stack; None = only for pre-norm
-    positional: str = "sinusoidal"  # 'sinusoidal' (paper) or 'learned' (GPT-2)
+    # 'sinusoidal' (paper) or 'learned' (GPT-2), both added to the token embeddings; or 'rope'
+    # (rotary, Llama): nothing added, self-attention rotates its queries and keys instead
+    positional: str = "sinusoidal"
+    # Rotary frequency base, read with positional='rope' (10000: RoFormer, Llama 2; Llama 3
+    # uses 500000)
+    rope_base: float = 10000.0
     # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
     # width d_ff): 'swiglu' (Llama), 'geglu'
     activation: str = "relu"
@@ -194,6 +232,16 @@ class TransformerConfig:
     def head_dim(self) -> int:
         """Width H of one head: d_model / num_heads."""
         return self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """K, the key/value heads: `num_kv_heads`, or `num_heads` where it is None."""
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def rope(self) -> bool:
+        """Whether self-attention uses rotary positions (`positional == 'rope'`)."""
+        return self.positional == "rope"
 
     @property
     def use_final_norm(self) -> bool:

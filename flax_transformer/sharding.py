@@ -31,6 +31,9 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     (axes.BATCH, ("data", "fsdp")),
     (axes.EMBED, "fsdp"),
     (axes.HEADS, "tensor"),
+    # Grouped-query key/value heads (K < N); `model_rules` replicates them instead when the
+    # tensor axis does not divide K (e.g. K = 1, multi-query attention).
+    (axes.KV_HEADS, "tensor"),
     (axes.MLP, "tensor"),
     (axes.VOCAB, "tensor"),
     (axes.KV, None),
@@ -73,6 +76,27 @@ def make_mesh(
     return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
+def model_rules(config, mesh: Mesh, rules=DEFAULT_RULES):
+    """`rules` fitted to a model config on `mesh`: key/value heads split where they can be.
+
+    The K key/value heads of grouped-query attention (`config.num_kv_heads`) are split
+    over the `tensor` axis when its size divides K; otherwise (K = 1, or K = 2 on a tensor
+    axis of 4) every device holds all K heads, the small K/V kernels and cache replicated
+    while the N query heads stay split.
+
+    Args:
+      config: a `TransformerConfig` (or anything with `kv_heads`); None returns `rules`.
+      mesh: the device mesh.
+      rules: the rules to adjust (default `DEFAULT_RULES`).
+    """
+    if config is None:
+        return tuple(rules)
+    tensor = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)).get("tensor", 1)
+    if config.kv_heads % tensor == 0:
+        return tuple(rules)
+    return tuple((name, None if name == axes.KV_HEADS else target) for name, target in rules)
+
+
 def logical_shardings(boxed_tree, mesh: Mesh, rules=DEFAULT_RULES):
     """NamedShardings for a tree of `nn.LogicallyPartitioned` leaves (e.g. from `eval_shape`).
 
@@ -92,14 +116,17 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def init_sharded(
-    model: nn.Module, mesh: Mesh, rng: jax.Array, *example_inputs, rules=DEFAULT_RULES
-):
+def init_sharded(model: nn.Module, mesh: Mesh, rng: jax.Array, *example_inputs, rules=None):
     """Initialise `model` directly into its sharded layout (no full copy on one device).
+
+    `rules` default: `model_rules(model.config, mesh)` (`DEFAULT_RULES` for a model without
+    a config).
 
     Returns:
       `(params, shardings)`: unboxed parameters placed per the rules, and their shardings.
     """
+    if rules is None:
+        rules = model_rules(getattr(model, "config", None), mesh)
     abstract = jax.eval_shape(model.init, rng, *example_inputs)
     shardings = nn.unbox(logical_shardings(abstract, mesh, rules))
 

@@ -1,8 +1,10 @@
 """Run in a subprocess by test_sharding.py with 8 simulated CPU devices.
 
 Compares one AdamW training step of a tiny model on a single device with the same step under
-2x2x2 and 8x1x1 meshes (unrolled layers) and a 2x2x2 mesh (scanned layers), and checks that
-parameters are split as the rules say. Prints one JSON line with the results.
+2x2x2 and 8x1x1 meshes (unrolled layers) and a 2x2x2 mesh (scanned layers), and of a
+grouped-query model with rotary positions (2 key/value heads of 4) on a 2x2x2 mesh (the tensor
+axis of 2 splits the key/value heads) and a 2x1x4 one (4 does not divide 2: replicated); and
+checks that parameters are split as the rules say. Prints one JSON line with the results.
 """
 
 import json
@@ -27,7 +29,7 @@ from flax_transformer.sharding import (  # noqa: E402
 )
 
 
-def check(scan_layers: bool, mesh_shapes) -> dict:
+def check(scan_layers: bool, mesh_shapes, **options) -> dict:
     cfg = TransformerConfig(
         vocab_size=64,
         d_model=32,
@@ -37,6 +39,7 @@ def check(scan_layers: bool, mesh_shapes) -> dict:
         max_len=16,
         dropout_rate=0.0,
         scan_layers=scan_layers,
+        **options,
     )
     model = Transformer(cfg)
     rng = np.random.default_rng(0)
@@ -72,7 +75,8 @@ def check(scan_layers: bool, mesh_shapes) -> dict:
         )
         layer = new_params["params"]["encoder"]
         layer = layer["layers"] if cfg.scan_layers else layer["layers_0"]
-        kernel = layer["self_attention"]["qkv_kernel"]
+        attention = layer["self_attention"]
+        kernel = attention["qkv_kernel"] if "qkv_kernel" in attention else attention["kv_kernel"]
         results["x".join(map(str, shape))] = {
             "max_param_diff": diff,
             "loss_diff": abs(float(loss) - float(ref_loss)),
@@ -91,6 +95,7 @@ def main() -> None:
     results = {
         "unrolled": check(False, [(2, 2, 2), (8, 1, 1)]),
         "scan": check(True, [(2, 2, 2)]),
+        "gqa": check(False, [(2, 2, 2), (2, 1, 4)], num_kv_heads=2, positional="rope"),
     }
     print(json.dumps(results))
 

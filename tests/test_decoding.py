@@ -586,3 +586,38 @@ def test_bfloat16_compute_generates():
     tokens = generate_translation(model, params, SOURCE, bos_id=BOS, eos_id=5, max_new_tokens=6)
     chex.assert_shape(tokens, (3, 6))
     assert tokens.dtype == jnp.int32 and np.all((np.asarray(tokens) >= 0) & (tokens < V))
+
+
+# Rotary positions with grouped- and multi-query attention (issue 13): keys are rotated before
+# they are cached, and the cache holds K heads; cached decoding must equal recomputation.
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"positional": "rope", "num_kv_heads": 2},
+        {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
+    ],
+    ids=["rope-gqa", "rope-mqa-scan"],
+)
+def test_rope_and_grouped_query_cache_equals_full_recomputation(options):
+    cfg = CONFIG.replace(**options)
+    model, params = _lm(cfg)
+    greedy, logits = _text(model, params)
+    ref_tokens, _ = _text(model, params, use_cache=False)
+    np.testing.assert_array_equal(greedy, ref_tokens)
+    assert len({tuple(r) for r in np.asarray(greedy)}) > 1
+    full = _lm_full_logits(model, params, greedy, PROMPT, LENGTHS)
+    valid = _until_eos(greedy, V - 1)  # the probe EOS; padding after it is not scored
+    np.testing.assert_allclose(np.asarray(logits)[valid], full[valid], atol=1e-5, rtol=0)
+    beam_kwargs = dict(eos_id=5, max_new_tokens=N_NEW, beam_size=3)
+    np.testing.assert_array_equal(
+        generate_text(model, params, PROMPT, LENGTHS, **beam_kwargs),
+        generate_text(model, params, PROMPT, LENGTHS, use_cache=False, **beam_kwargs),
+    )
+    mt, mt_params = _mt(cfg)
+    translated, _ = _translate(mt, mt_params)
+    np.testing.assert_array_equal(translated, _translate(mt, mt_params, use_cache=False)[0])
+    beams = generate_translation(mt, mt_params, SOURCE, bos_id=BOS, **beam_kwargs)
+    np.testing.assert_array_equal(
+        beams,
+        generate_translation(mt, mt_params, SOURCE, bos_id=BOS, use_cache=False, **beam_kwargs),
+    )

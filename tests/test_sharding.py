@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
 
 from flax_transformer.sharding import make_mesh
@@ -16,7 +17,10 @@ SCRIPT = Path(__file__).with_name("sharded_step_check.py")
 
 @pytest.fixture(scope="module")
 def sharded_results():
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    # The checkout's package first, not whichever copy is installed in the environment.
+    root = str(SCRIPT.parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=path)
     out = subprocess.run(
         [sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, timeout=600
     )
@@ -42,6 +46,36 @@ def test_sharded_step_equals_single_device(sharded_results, mode):
     if mode == "unrolled":
         # Pure data parallelism: fsdp and tensor have size 1, so every shard is whole.
         assert results["8x1x1"]["qkv_shard_shape"] == results["8x1x1"]["qkv_shape"]
+
+
+def test_grouped_query_kv_heads_split_over_tensor_only_where_it_divides_them(sharded_results):
+    results = sharded_results["gqa"]
+    for shape, r in results.items():
+        assert r["max_param_diff"] < 1e-5, (shape, r)
+        assert r["loss_diff"] < 1e-5, (shape, r)
+    # kv kernel (D, 2, K, H) with K = 2: a tensor axis of 2 splits K ...
+    assert results["2x2x2"]["qkv_spec"] == ["fsdp", "None", "tensor", "None"]
+    assert results["2x2x2"]["qkv_shard_shape"] == [16, 2, 1, 8]
+    # ... one of 4 cannot, so every device holds both heads (fsdp has size 1 there).
+    assert results["2x1x4"]["qkv_spec"] == ["fsdp", "None", "None", "None"]
+    assert results["2x1x4"]["qkv_shard_shape"] == results["2x1x4"]["qkv_shape"]
+
+
+def test_model_rules_replicate_kv_heads_the_tensor_axis_does_not_divide():
+    from flax_transformer import TransformerConfig, axes
+    from flax_transformer.sharding import DEFAULT_RULES, model_rules
+
+    class FakeMesh:  # model_rules reads only the axis sizes
+        axis_names = ("data", "fsdp", "tensor")
+
+        def __init__(self, tensor):
+            self.devices = np.empty((1, 1, tensor))
+
+    config = TransformerConfig(num_heads=8, d_model=64, num_kv_heads=2)
+    assert model_rules(config, FakeMesh(2)) == DEFAULT_RULES
+    rules = dict(model_rules(config, FakeMesh(4)))
+    assert rules[axes.KV_HEADS] is None and rules[axes.HEADS] == "tensor"
+    assert model_rules(None, FakeMesh(4)) == DEFAULT_RULES
 
 
 def test_make_mesh_errors_name_sizes():

@@ -69,7 +69,7 @@ def create_train_state(
     """Initial state, created directly in its placement on the mesh (one compiled program).
 
     Parameters carry logical axis names; optimizer moments built from them inherit the names,
-    so both are placed by `flax_transformer.sharding.DEFAULT_RULES` (replicated on a pure data
+    so both are placed by `flax_transformer.sharding.model_rules` (replicated on a pure data
     mesh). Scalars and the PRNG key are replicated.
 
     Args:
@@ -95,8 +95,9 @@ def create_train_state(
         )
 
     specs = nn.get_partition_spec(jax.eval_shape(init_boxed))
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding_lib.DEFAULT_RULES)
-    with nn.logical_axis_rules(sharding_lib.DEFAULT_RULES):
+    rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+    with nn.logical_axis_rules(rules):
         return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
 
 

@@ -69,6 +69,11 @@ def make_layer_norm(config: LayerConfig | TransformerConfig, name: str) -> Layer
 def _attention(config: LayerConfig, name: str, cross: bool = False) -> MultiHeadAttention:
     return MultiHeadAttention(
         num_heads=config.num_heads,
+        num_kv_heads=config.num_kv_heads,
+        # Rotary positions turn self-attention's queries and keys; cross-attention compares
+        # positions of two different sequences and stays unrotated.
+        rope=config.rope and not cross,
+        rope_base=config.rope_base,
         cross=cross,
         dropout_rate=config.attention_dropout_rate,
         use_bias=bias_switch(config, "attention_bias"),
@@ -163,6 +168,7 @@ class DecoderLayer(nn.Module):
         self_mask: jax.Array | None = None,
         cross_mask: jax.Array | None = None,
         cache_index: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
         cache: dict | None = None,
         deterministic: bool = True,
     ) -> tuple[jax.Array, dict | None]:
@@ -176,6 +182,8 @@ class DecoderLayer(nn.Module):
             `(B, 1, T, L)` over the L cache slots.
           cross_mask: bool `(T, S)` or `(B|1, N|1, T, S)` over the encoder positions.
           cache_index: int `(B,)`, with a cache only: each sequence's tokens so far.
+          positions_BT: int `(B|1, T)` positions of `y_BTD`, read by rotary self-attention
+            only (`config.rope`); default `cache_index + t` with a cache, else `0..T-1`.
           cache: this layer's KV cache (`blocks.stacks` docstring) or None.
           deterministic: pass by keyword, as at every level; False turns dropout on.
 
@@ -188,8 +196,10 @@ class DecoderLayer(nn.Module):
         new_cache = None if cache is None else {}
 
         def attend(module, name, h, x_kv, mask):
+            # Only self-attention reads positions (rotary); cross-attention takes none.
+            positions = {} if module.cross else {"positions_BT": positions_BT}
             if cache is None:
-                return module(h, x_kv, mask=mask, deterministic=deterministic)
+                return module(h, x_kv, mask=mask, deterministic=deterministic, **positions)
             out, new_cache[name] = module(
                 h,
                 x_kv,
@@ -197,6 +207,7 @@ class DecoderLayer(nn.Module):
                 deterministic=deterministic,
                 cache=cache[name],
                 cache_index=cache_index,
+                **positions,
             )
             return out
 

@@ -179,6 +179,7 @@ class Decoder(nn.Module):
           cross_mask: bool `(T, S)` or `(B|1, N|1, T, S)`, or None.
           deterministic: False turns dropout on ('dropout' rng stream).
           positions_BT: positions of the inputs (default 0..T-1); with a cache, their slots.
+            With `positional='rope'` the self-attention layers rotate by them.
           cache: from `decoding.cache.init_decoder_cache`; the T inputs are written at slots
             `cache_index + t`.
           cache_index: int `(B,)`, with a cache: each sequence's tokens so far.
@@ -193,7 +194,7 @@ class Decoder(nn.Module):
             DecoderLayer,
             cfg,
             cfg.decoder_layers,
-            4,
+            5,
             cached=True,
             cross_attention=self.cross_attention,
         )
@@ -203,6 +204,7 @@ class Decoder(nn.Module):
             self_mask,
             cross_mask,
             cache_index,
+            positions_BT,
             cache=cache,
             deterministic=deterministic,
         )
@@ -243,7 +245,10 @@ def _embed_inputs(
     deterministic: bool,
     positions_BT: jax.Array | None,
 ) -> jax.Array:
-    """Token embedding (times sqrt(D) if configured) or given embeddings, + positions, dropout."""
+    """Token embedding (times sqrt(D) if configured) or given embeddings, + positions, dropout.
+
+    With `positional='rope'` nothing is added here: self-attention rotates queries and keys.
+    """
     if embed is None:
         if not jnp.issubdtype(inputs.dtype, jnp.floating):
             raise ValueError(
@@ -262,7 +267,8 @@ def _embed_inputs(
         x_BTD = embed(inputs)
         if cfg.scale_embeddings:
             x_BTD = x_BTD * jnp.sqrt(cfg.d_model).astype(x_BTD.dtype)
-    x_BTD = _positions(cfg)(x_BTD, positions_BT)
+    if cfg.positional != "rope":  # rotary positions live in self-attention instead
+        x_BTD = _positions(cfg)(x_BTD, positions_BT)
     x_BTD = nn.Dropout(rate=cfg.dropout_rate, deterministic=deterministic)(x_BTD)
     return nn.with_logical_constraint(x_BTD, (axes.BATCH, axes.LENGTH, axes.EMBED))
 

@@ -37,14 +37,15 @@ def init_decoder_cache(
       dtype: storage dtype of keys/values; default `config.dtype`.
 
     Returns:
-      The 'decoder' tree of the module docstring, keys/values `(B, N, L, H)` (cross: `(B, N, S,
-      H)`), with a leading `(num_layers,)` axis on every leaf when `config.scan_layers`.
+      The 'decoder' tree of the module docstring, keys/values `(B, K, L, H)` (cross: `(B, K, S,
+      H)`), K = `config.kv_heads` (`num_kv_heads`, default N), with a leading `(num_layers,)`
+      axis on every leaf when `config.scan_layers`.
     """
     dtype = dtype or config.dtype
 
     def zeros(slots):
-        # Head-major (B, N, slots, H): see `layers.attention`.
-        shape = (batch, config.num_heads, slots, config.head_dim)
+        # Head-major (B, K, slots, H), K key/value heads: see `layers.attention`.
+        shape = (batch, config.kv_heads, slots, config.head_dim)
         return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
 
     layer = {"self_attention": zeros(length)}
@@ -87,7 +88,7 @@ def _scanned(cache: dict) -> bool:
 def cache_length(cache: dict) -> int:
     """L, the number of self-attention slots per sequence."""
     first_layer = next(iter(cache["decoder"].values()))
-    # Keys are (B, N, L, H), after a leading layer axis under nn.scan.
+    # Keys are (B, K, L, H), after a leading layer axis under nn.scan.
     return first_layer["self_attention"]["k"].shape[-2]
 
 

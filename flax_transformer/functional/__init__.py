@@ -22,13 +22,20 @@ from flax_transformer.functional.masks import (
     padding_mask,
 )
 from flax_transformer.functional.norms import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
-from flax_transformer.functional.positions import sinusoidal_positions
+from flax_transformer.functional.positions import (
+    DEFAULT_ROPE_BASE,
+    apply_rope,
+    rope_angles,
+    sinusoidal_positions,
+)
 
 __all__ = [
+    "DEFAULT_ROPE_BASE",
     "LAYER_NORM_EPS",
     "MASK_RANKS",
     "MASK_VALUE",
     "RMS_NORM_EPS",
+    "apply_rope",
     "broadcast_mask",
     "causal_mask",
     "combine_masks",
@@ -40,6 +47,7 @@ __all__ = [
     "multi_head_attention",
     "padding_mask",
     "rms_norm",
+    "rope_angles",
     "simple_self_attention",
     "sinusoidal_positions",
     "softmax_dtype",

@@ -160,10 +160,15 @@ def multi_head_attention(
 ) -> tuple[jax.Array, jax.Array]:
     """`dot_product_attention` lifted with `jax.vmap` over heads, then batch.
 
+    Keys and values may have fewer heads K than the queries' N (grouped-query attention,
+    Ainslie et al. 2023; K = 1 is multi-query attention), K dividing N: query head i reads
+    key/value head `i // (N // K)`, the grouping of Hugging Face's Llama (`repeat_kv`) and
+    of `jax.nn.dot_product_attention`. The K heads are shared through `vmap`, never copied.
+
     Args:
       q_BTNH: queries `(B, T, N, H)`.
-      k_BSNH: keys `(B, S, N, H)`.
-      v_BSNH: values `(B, S, N, Hv)`.
+      k_BSNH: keys `(B, S, K, H)`: K = N (multi-head), or a divisor of N.
+      v_BSNH: values `(B, S, K, Hv)`.
       mask: optional bool mask, True where the query may attend, of rank 2, `(T, S)` for
         every example and head, or rank 4, `(B|1, N|1, T, S)`, e.g. `(B, 1, T, S)` or
         `(B, 1, 1, S)` (`padding_mask`). Rank 3 raises ValueError: broadcasting would align
@@ -177,35 +182,74 @@ def multi_head_attention(
     """
     for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
         _check_rank(name, x, 4)
+    batch = q_BTNH.shape[0]
+    if k_BSNH.shape[0] != batch:
+        raise ValueError(f"q and k need the same batch axis: {q_BTNH.shape=}, {k_BSNH.shape=}.")
+    return grouped_heads_attention(
+        q_BTNH,
+        k_BSNH,
+        v_BSNH,
+        mask,
+        kv_head_axis=2,
+        scale=scale,
+        dropout_rate=dropout_rate,
+        dropout_rng=dropout_rng,
+    )
+
+
+def grouped_heads_attention(
+    q_BTNH: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array | None,
+    *,
+    kv_head_axis: int,
+    scale: float | None = None,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The vmaps of `multi_head_attention`, with the K key/value heads on `kv_head_axis`.
+
+    `k` and `v` are `(B, S, K, H)` with `kv_head_axis=2`, or head-major `(B, K, S, H)` (a
+    KV cache, read in place) with `kv_head_axis=1`. Query head `i` reads key/value head
+    `i // (N // K)`. Returns `(out (B, T, N, Hv), weights (B, N, T, S))`.
+    """
     batch, q_len, num_heads, _ = q_BTNH.shape
-    kv_len = k_BSNH.shape[1]
-    if k_BSNH.shape[0] != batch or k_BSNH.shape[2] != num_heads:
+    if kv_head_axis not in (1, 2) or k.ndim != 4 or v.ndim != 4:
+        raise ValueError(f"k and v must be (B, S, K, H) or (B, K, S, H): {k.shape=}, {v.shape=}.")
+    seq_axis = 3 - kv_head_axis
+    num_kv_heads, kv_len = k.shape[kv_head_axis], k.shape[seq_axis]
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(
-            f"q and k need the same batch and head axes: {q_BTNH.shape=}, {k_BSNH.shape=}."
+            f"keys have {num_kv_heads} heads, which does not divide the queries' {num_heads}: "
+            f"{q_BTNH.shape=}, {k.shape=}; use N key/value heads or a divisor of N."
         )
+    group = num_heads // num_kv_heads
     if mask is not None:
         mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len)
-
-    use_dropout = dropout_rng is not None and dropout_rate > 0.0
-    keys = jax.random.split(dropout_rng, (batch, num_heads)) if use_dropout else None
+        mask = mask.reshape(batch, num_kv_heads, group, q_len, kv_len)
+    keys = None
+    if dropout_rng is not None and dropout_rate > 0.0:
+        keys = jax.random.split(dropout_rng, (batch, num_heads))
+        keys = keys.reshape(batch, num_kv_heads, group)
+    q_BTKGH = q_BTNH.reshape(batch, q_len, num_kv_heads, group, q_BTNH.shape[-1])
 
     def one_head(q_TH, k_SH, v_SH, mask_TS, key):
         return dot_product_attention(
             q_TH, k_SH, v_SH, mask_TS, scale=scale, dropout_rate=dropout_rate, dropout_rng=key
         )
 
-    # Heads are axis 1 of the (T, N, H) inputs and axis 0 of the (N, T, S) mask.
-    per_head = jax.vmap(
-        one_head,
-        in_axes=(1, 1, 1, None if mask is None else 0, None if keys is None else 0),
-        out_axes=(1, 0),
+    mask_axis, key_axis = (None if mask is None else 0), (None if keys is None else 0)
+    # Innermost: the G query heads of one group share their key/value head (in_axes None).
+    per_group = jax.vmap(one_head, in_axes=(1, None, None, mask_axis, key_axis), out_axes=(1, 0))
+    kv_axis = kv_head_axis - 1  # within one example
+    per_kv_head = jax.vmap(
+        per_group, in_axes=(1, kv_axis, kv_axis, mask_axis, key_axis), out_axes=(1, 0)
     )
-    per_batch = jax.vmap(
-        per_head,
-        in_axes=(0, 0, 0, None if mask is None else 0, None if keys is None else 0),
-        out_axes=(0, 0),
-    )
-    return per_batch(q_BTNH, k_BSNH, v_BSNH, mask, keys)
+    per_batch = jax.vmap(per_kv_head, in_axes=(0, 0, 0, mask_axis, key_axis), out_axes=(0, 0))
+    out_BTKGH, weights_BKGTS = per_batch(q_BTKGH, k, v, mask, keys)
+    out_BTNH = out_BTKGH.reshape(batch, q_len, num_heads, out_BTKGH.shape[-1])
+    return out_BTNH, weights_BKGTS.reshape(batch, num_heads, q_len, kv_len)
 
 
 def simple_self_attention(x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:

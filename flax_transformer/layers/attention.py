@@ -12,6 +12,16 @@ reads them back on every later step. The cache is head-major, `(B, N, L, H)`: ea
 (sequence, head) pair owns one contiguous `(L, H)` block, which is exactly the operand of
 the single-head attention function, so a decoding step reads the cache in place instead of
 transposing all of it (on a CPU this made attention over the cache 5x faster).
+
+Grouped-query attention (`num_kv_heads` K < N): keys and values have K heads, query head i
+reading key/value head `i // (N // K)` (Hugging Face Llama's `repeat_kv` grouping). Self-
+attention then has a query kernel `(D, N, H)` and a fused key/value kernel `(D, 2, K, H)`
+(the fused Q/K/V kernel needs K = N), and the cache holds K heads, `(B, K, L, H)`: N / K
+times smaller. The K heads are shared through `vmap`, never copied.
+
+Rotary positions (`rope=True`, self-attention only): queries and keys are rotated by their
+positions (`functional.apply_rope`) after the projections, and keys are written to the
+cache already rotated, so cached keys never need their positions again.
 """
 
 from __future__ import annotations
@@ -24,11 +34,9 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import (
-    broadcast_mask,
-    dot_product_attention,
-    multi_head_attention,
-)
+from flax_transformer.functional import apply_rope, broadcast_mask, multi_head_attention
+from flax_transformer.functional.attention import grouped_heads_attention
+from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 
@@ -48,11 +56,16 @@ class MultiHeadAttention(nn.Module):
         the weights are sown as with 'xla').
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
       dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
+      num_kv_heads: K key/value heads, dividing N (grouped-query; 1: multi-query); None = N.
+      rope: rotate queries and keys by their positions (rotary embeddings; self-attention
+        only, cross=True with rope=True raises ValueError).
+      rope_base: the rotary frequency base (DEFAULT_ROPE_BASE = 10000).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
-    of `y`. A self-attention cache is `{'k': (B, N, L, H), 'v': (B, N, L, H)}` for L slots;
-    a cross-attention cache is `{'k': (B, N, S, H), 'v': (B, N, S, H)}`. With a cache the
-    attention always runs our vmapped formula (`impl` is ignored).
+    of `y`. A self-attention cache is `{'k': (B, K, L, H), 'v': (B, K, L, H)}` for L slots;
+    a cross-attention cache is `{'k': (B, K, S, H), 'v': (B, K, S, H)}` (K = N unless
+    `num_kv_heads`). With a cache the attention always runs our vmapped formula (`impl` is
+    ignored).
 
     The attention weights `(B, N, T, S)` are sown into the 'intermediates' collection as
     'attention_weights' when that collection is mutable (off by default, free when off).
@@ -66,6 +79,9 @@ class MultiHeadAttention(nn.Module):
     init_std: float = INIT_STD
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    num_kv_heads: int | None = None
+    rope: bool = False
+    rope_base: float = DEFAULT_ROPE_BASE
 
     def _project(
         self, name: str, x_BTD: jax.Array, features: tuple[int, ...], names: tuple[str, ...]
@@ -96,6 +112,7 @@ class MultiHeadAttention(nn.Module):
         deterministic: bool = True,
         cache: dict[str, jax.Array] | None = None,
         cache_index: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, dict[str, jax.Array]]:
         """Attend from `x_q` to itself (cross=False) or to `x_kv` (cross=True).
 
@@ -112,6 +129,8 @@ class MultiHeadAttention(nn.Module):
           cache: optional KV cache of this layer, `{'k', 'v'}` as in the class docstring.
           cache_index: int `(B,)`, self-attention with a cache only: the slot where each
             sequence's first query of this call is written (its tokens so far).
+          positions_BT: int `(B|1, T)`, with `rope` only: the positions of this call's
+            queries/keys. Default `cache_index[:, None] + t` with a cache, else `0..T-1`.
 
         Returns:
           `(B, T, D)` in `dtype`; with a `cache`, the pair `(output, updated cache)`.
@@ -120,37 +139,67 @@ class MultiHeadAttention(nn.Module):
         batch, q_len, width = x_q.shape
         if width % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide the input width {width}.")
+        kv_heads = self.num_kv_heads or self.num_heads
+        if self.num_heads % kv_heads:
+            raise ValueError(
+                f"num_kv_heads={kv_heads} does not divide num_heads={self.num_heads}; pick a "
+                "divisor of num_heads."
+            )
+        if self.rope and self.cross:
+            raise ValueError(
+                "rope=True rotates self-attention only: cross-attention keys (the encoder's "
+                "positions) and queries live on different sequences; build with rope=False."
+            )
         head_dim = width // self.num_heads
         nh = (self.num_heads, head_dim)
+        kh = (kv_heads, head_dim)
+        # K = N keeps the paper's parameter names and logical axes; fewer K/V heads get their
+        # own axis name, which the sharding rules split only where K allows it.
+        kv_names = (axes.HEADS if kv_heads == self.num_heads else axes.KV_HEADS, axes.KV)
         use_dropout = not deterministic and self.dropout_rate > 0.0
         rng = self.make_rng("dropout") if use_dropout else None
         if self.cross:
             q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
             if x_kv is not None:
                 chex.assert_rank(x_kv, 3)
-                kv_BS2NH = self._project("kv", x_kv, (2, *nh), (axes.QKV, axes.HEADS, axes.KV))
-                k_BSNH, v_BSNH = kv_BS2NH[:, :, 0], kv_BS2NH[:, :, 1]
+                kv_BS2KH = self._project("kv", x_kv, (2, *kh), (axes.QKV, *kv_names))
+                k_BSKH, v_BSKH = kv_BS2KH[:, :, 0], kv_BS2KH[:, :, 1]
                 if cache is not None:
                     cache = {
-                        "k": _heads_major(k_BSNH).astype(cache["k"].dtype),
-                        "v": _heads_major(v_BSNH).astype(cache["v"].dtype),
+                        "k": _heads_major(k_BSKH).astype(cache["k"].dtype),
+                        "v": _heads_major(v_BSKH).astype(cache["v"].dtype),
                     }
             elif cache is None:
                 raise ValueError("cross-attention needs x_kv (the encoder output).")
         else:
             if x_kv is not None:
                 raise ValueError("self-attention takes no x_kv; build with cross=True.")
-            qkv_BT3NH = self._project("qkv", x_q, (3, *nh), (axes.QKV, axes.HEADS, axes.KV))
-            q_BTNH, k_BSNH, v_BSNH = (qkv_BT3NH[:, :, i] for i in range(3))
+            if kv_heads == self.num_heads:
+                qkv_BT3NH = self._project("qkv", x_q, (3, *nh), (axes.QKV, axes.HEADS, axes.KV))
+                q_BTNH, k_BSKH, v_BSKH = (qkv_BT3NH[:, :, i] for i in range(3))
+            else:
+                q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
+                kv_BT2KH = self._project("kv", x_q, (2, *kh), (axes.QKV, *kv_names))
+                k_BSKH, v_BSKH = kv_BT2KH[:, :, 0], kv_BT2KH[:, :, 1]
+            if self.rope:
+                positions_BT = _rope_positions(positions_BT, cache_index, batch, q_len)
+                q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_base)
+                k_BSKH = apply_rope(k_BSKH, positions_BT, self.rope_base)
             if cache is not None:
-                cache = _write_cache(cache, k_BSNH, v_BSNH, cache_index)
+                cache = _write_cache(cache, k_BSKH, v_BSKH, cache_index)
         chex.assert_shape(q_BTNH, (batch, q_len, *nh))
 
         if cache is not None:
             chex.assert_equal_shape([cache["k"], cache["v"]])
-            chex.assert_shape(cache["k"], (batch, *nh[:1], None, nh[1]))
-            out_BTNH, weights_BNTS = _attend_heads_major(
-                q_BTNH, cache["k"], cache["v"], mask, self.dropout_rate, rng
+            chex.assert_shape(cache["k"], (batch, kv_heads, None, head_dim))
+            out_BTNH, weights_BNTS = grouped_heads_attention(
+                q_BTNH,
+                cache["k"],
+                cache["v"],
+                mask,
+                kv_head_axis=1,
+                dropout_rate=self.dropout_rate,
+                dropout_rng=rng,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
         elif (
@@ -158,16 +207,17 @@ class MultiHeadAttention(nn.Module):
             and not use_dropout
             and not self.is_mutable_collection("intermediates")
         ):
-            chex.assert_equal_shape([k_BSNH, v_BSNH])
+            chex.assert_equal_shape([k_BSKH, v_BSKH])
             if mask is not None:
-                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSNH.shape[1])
-            out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSNH, v_BSNH, mask=mask)
+                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSKH.shape[1])
+            # It groups query heads over K < N key/value heads as we do (i // (N // K)).
+            out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask)
         else:
-            chex.assert_equal_shape([k_BSNH, v_BSNH])
+            chex.assert_equal_shape([k_BSKH, v_BSKH])
             out_BTNH, weights_BNTS = multi_head_attention(
                 q_BTNH,
-                k_BSNH,
-                v_BSNH,
+                k_BSKH,
+                v_BSKH,
                 mask,
                 dropout_rate=self.dropout_rate,
                 dropout_rng=rng,
@@ -195,59 +245,44 @@ class MultiHeadAttention(nn.Module):
         return y_BTD if cache is None else (y_BTD, cache)
 
 
-def _heads_major(x_BSNH: jax.Array) -> jax.Array:
-    return jnp.swapaxes(x_BSNH, 1, 2)
+def _heads_major(x_BSKH: jax.Array) -> jax.Array:
+    return jnp.swapaxes(x_BSKH, 1, 2)
+
+
+def _rope_positions(
+    positions_BT: jax.Array | None, index_B: jax.Array | None, batch: int, length: int
+) -> jax.Array:
+    """`(B, T)` positions of this call's tokens: given, after the cache index, or 0..T-1."""
+    if positions_BT is None:
+        start_B1 = jnp.zeros((batch, 1), jnp.int32) if index_B is None else index_B[:, None]
+        return start_B1 + jnp.arange(length)[None, :]
+    positions_BT = jnp.asarray(positions_BT)
+    if positions_BT.ndim != 2 or positions_BT.shape[1] != length:
+        raise ValueError(
+            f"positions_BT must be (B, T) or (1, T) with T={length}, got {positions_BT.shape=}."
+        )
+    return jnp.broadcast_to(positions_BT, (batch, length))
 
 
 def _write_cache(
-    cache: dict[str, jax.Array], k_BTNH: jax.Array, v_BTNH: jax.Array, index_B: jax.Array | None
+    cache: dict[str, jax.Array], k_BTKH: jax.Array, v_BTKH: jax.Array, index_B: jax.Array | None
 ) -> dict[str, jax.Array]:
     """Write this call's T keys/values of sequence b at cache slots `index_B[b] + t`.
 
     Each sequence has its own write position, so a batch of prompts of different lengths
-    shares one cache. The scatter updates the `(B, N, L, H)` buffers in place under `jit`;
+    shares one cache. The scatter updates the `(B, K, L, H)` buffers in place under `jit`;
     writes past slot L - 1 are dropped (the models check that the real tokens fit,
     `decoding.cache.check_cache_room`, where the index is concrete).
     """
-    batch, length = k_BTNH.shape[:2]
+    batch, length = k_BTKH.shape[:2]
     if index_B is None:
         raise ValueError("a self-attention cache needs cache_index (B,): each sequence's slot.")
     chex.assert_shape(index_B, (batch,))
     slots_BT = index_B[:, None] + jnp.arange(length)[None, :]
     rows_B1 = jnp.arange(batch)[:, None]
     # Index arrays on axes 0 and 2 around a full slice: numpy puts the broadcast (B, T)
-    # first, so the updates are (B, T, N, H), this call's layout.
+    # first, so the updates are (B, T, K, H), this call's layout.
     return {
-        "k": cache["k"].at[rows_B1, :, slots_BT].set(k_BTNH.astype(cache["k"].dtype)),
-        "v": cache["v"].at[rows_B1, :, slots_BT].set(v_BTNH.astype(cache["v"].dtype)),
+        "k": cache["k"].at[rows_B1, :, slots_BT].set(k_BTKH.astype(cache["k"].dtype)),
+        "v": cache["v"].at[rows_B1, :, slots_BT].set(v_BTKH.astype(cache["v"].dtype)),
     }
-
-
-def _attend_heads_major(
-    q_BTNH: jax.Array,
-    k_BNSH: jax.Array,
-    v_BNSH: jax.Array,
-    mask: jax.Array | None,
-    dropout_rate: float,
-    dropout_rng: jax.Array | None,
-) -> tuple[jax.Array, jax.Array]:
-    """`multi_head_attention` over a head-major cache: `dot_product_attention` vmapped.
-
-    Returns `(out (B, T, N, H), weights (B, N, T, S))` as `multi_head_attention` does.
-    """
-    batch, q_len, num_heads, _ = q_BTNH.shape
-    kv_len = k_BNSH.shape[2]
-    mask_BNTS = None if mask is None else broadcast_mask(mask, batch, num_heads, q_len, kv_len)
-    keys = None
-    if dropout_rng is not None and dropout_rate > 0.0:
-        keys = jax.random.split(dropout_rng, (batch, num_heads))
-
-    def one_head(q_TH, k_SH, v_SH, mask_TS, key):
-        return dot_product_attention(
-            q_TH, k_SH, v_SH, mask_TS, dropout_rate=dropout_rate, dropout_rng=key
-        )
-
-    mask_axis, key_axis = (None if mask is None else 0), (None if keys is None else 0)
-    per_head = jax.vmap(one_head, in_axes=(1, 0, 0, mask_axis, key_axis), out_axes=(1, 0))
-    per_batch = jax.vmap(per_head, in_axes=(0, 0, 0, mask_axis, key_axis), out_axes=(0, 0))
-    return per_batch(q_BTNH, k_BNSH, v_BNSH, mask_BNTS, keys)
