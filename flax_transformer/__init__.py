@@ -3,8 +3,8 @@
 Layers of the package (imports point down only):
   models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
   decoding    KV-cache generation: generate_translation, generate_text (greedy, sampling, beam)
-  interop     weights in from torch.nn.Transformer and Hugging Face GPT-2, out to GPT-2
-              (torch optional)
+  interop     weights in from torch.nn.Transformer, Hugging Face GPT-2 and Llama, out to
+              GPT-2 and Llama (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
@@ -38,8 +38,11 @@ from flax_transformer.interop import (
     config_from_torch,
     decoder_only_params_from_torch_encoder,
     export_gpt2,
+    export_llama,
     gpt2_config,
+    llama_config,
     load_gpt2,
+    load_llama,
     transformer_params_from_torch,
 )
 from flax_transformer.layers import (
@@ -77,6 +80,7 @@ __all__ = [
     "decoder_only_params_from_torch_encoder",
     "dot_product_attention",
     "export_gpt2",
+    "export_llama",
     "feed_forward",
     "gated_feed_forward",
     "generate_text",
@@ -84,7 +88,9 @@ __all__ = [
     "gpt2_config",
     "label_smoothed_cross_entropy",
     "layer_norm",
+    "llama_config",
     "load_gpt2",
+    "load_llama",
     "multi_head_attention",
     "padding_mask",
     "rms_norm",

@@ -4,10 +4,19 @@ torch_transformer  `torch.nn.Transformer` -> `Transformer`; causal `nn.Transform
                    -> `DecoderOnlyTransformer`; `config_from_torch` builds the config
 gpt2               Hugging Face GPT-2 (model object or local directory) -> `DecoderOnlyTransformer`
 export             `DecoderOnlyTransformer` -> Hugging Face GPT-2 directory (safetensors + config)
+llama              Hugging Face Llama/Mistral <-> `DecoderOnlyTransformer` (RMSNorm, RoPE, SwiGLU,
+                   grouped-query attention)
 """
 
 from flax_transformer.interop.export import export_gpt2, gpt2_hf_config, gpt2_tensors
 from flax_transformer.interop.gpt2 import gpt2_config, load_gpt2
+from flax_transformer.interop.llama import (
+    export_llama,
+    llama_config,
+    llama_hf_config,
+    llama_tensors,
+    load_llama,
+)
 from flax_transformer.interop.torch_transformer import (
     config_from_torch,
     decoder_only_params_from_torch_encoder,
@@ -21,6 +30,11 @@ __all__ = [
     "gpt2_config",
     "gpt2_hf_config",
     "gpt2_tensors",
+    "llama_config",
+    "llama_hf_config",
+    "llama_tensors",
+    "export_llama",
+    "load_llama",
     "load_gpt2",
     "transformer_params_from_torch",
 ]

@@ -72,7 +72,7 @@ def _check_gpt2_compatible(config: TransformerConfig) -> None:
         )
 
 
-def _layers(decoder: dict, num_layers: int) -> list[dict]:
+def layer_trees(decoder: dict, num_layers: int) -> list[dict]:
     """Per-layer parameter trees, from `layers_i` or from a scanned `layers` stack."""
     if "layers" in decoder:  # nn.scan: every leaf has a leading layer axis
         return [jax.tree.map(lambda x, i=i: x[i], decoder["layers"]) for i in range(num_layers)]
@@ -108,7 +108,7 @@ def gpt2_tensors(config: TransformerConfig, variables: Any) -> dict[str, np.ndar
     else:
         positions = arr(sinusoidal_positions(config.max_len, d))
     out = {"transformer.wte.weight": embedding * scale, "transformer.wpe.weight": positions}
-    for i, layer in enumerate(_layers(decoder, config.decoder_layers)):
+    for i, layer in enumerate(layer_trees(decoder, config.decoder_layers)):
         attn, ffn = layer["self_attention"], layer["ffn"]
         prefix = f"transformer.h.{i}"
         out |= {
