@@ -31,6 +31,8 @@ from flax_transformer.functional import (
     multi_head_attention,
     padding_mask,
     rms_norm,
+    segment_mask,
+    segment_positions,
     simple_self_attention,
     sinusoidal_positions,
 )
@@ -94,6 +96,8 @@ __all__ = [
     "multi_head_attention",
     "padding_mask",
     "rms_norm",
+    "segment_mask",
+    "segment_positions",
     "simple_self_attention",
     "sinusoidal_positions",
     "transformer_params_from_torch",

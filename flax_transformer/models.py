@@ -10,6 +10,13 @@ different lengths share one cache: the padding slots past `lengths[b]` are overw
 the next tokens and never attended to. New tokens that would not fit in the cache raise
 a ValueError where the cache index is concrete (`decoding.cache.check_cache_room`; under
 `jit` it is a tracer and the check cannot run: size the cache for every token).
+
+Packed sequences (training and scoring, not the cache): several examples share one row,
+told apart by int segment ids `(B, T)`, 1, 2, ... per example and 0 at padding. Each token
+then attends only within its own segment (causally in the decoder; a target token reads
+only the source of its own segment), and positions restart at 0 in each segment
+(`functional.segment_positions`, unless positions are given). Without segment ids the
+models run exactly as before.
 """
 
 from __future__ import annotations
@@ -17,48 +24,18 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.config import TransformerConfig
 from flax_transformer.decoding.cache import cache_length, check_cache_room
-from flax_transformer.functional import causal_mask, combine_masks, padding_mask
+from flax_transformer.inputs import (
+    check_packing,
+    check_tokens,
+    cross_attention_mask,
+    self_attention_mask,
+)
 from flax_transformer.layers import Embed
-
-
-def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) -> None:
-    """Raise ValueError for a bad token array before any compute is spent.
-
-    Shape, dtype and length are checked always; the id range only for concrete arrays
-    (under `jit` values are unknown, and JAX gathers would silently clamp a bad id, so data
-    pipelines check ids where they enter).
-    """
-    if tokens.ndim != 2:
-        raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}.")
-    if tokens.shape[1] > max_len:
-        raise ValueError(
-            f"{name} length {tokens.shape[1]} exceeds TransformerConfig.max_len={max_len}; "
-            "shorten the input or raise max_len."
-        )
-    if isinstance(tokens, jax.core.Tracer):
-        return
-    values = np.asarray(tokens)
-    if values.size and (values.min() < 0 or values.max() >= vocab_size):
-        bad = values[(values < 0) | (values >= vocab_size)][0]
-        where = tuple(int(i) for i in np.argwhere(values == bad)[0])
-        raise ValueError(
-            f"{name} holds token id {bad} at {where}, outside the vocabulary [0, {vocab_size}); "
-            "check the tokenizer's vocab_size against TransformerConfig.vocab_size."
-        )
-
-
-def _self_attention_mask(tokens_BT: jax.Array, pad_id: int, causal: bool) -> jax.Array:
-    """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future)."""
-    keys_B11T = padding_mask(tokens_BT, pad_id)
-    return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None)
 
 
 def _extend_decoder(
@@ -121,6 +98,7 @@ class Transformer(nn.Module):
     `apply(params, src_BS, tgt_BT)` -> float32 logits `(B, T, V)`. `tgt_BT` are the decoder
     inputs (BOS then the target shifted right); padding (`config.pad_id`) is masked in
     every attention. Dropout is on when `deterministic=False` (rng stream 'dropout').
+    Packed rows take `src_segment_ids_BS` and `tgt_segment_ids_BT` (module docstring).
     """
 
     config: TransformerConfig
@@ -134,12 +112,28 @@ class Transformer(nn.Module):
         self.encoder = Encoder(cfg, src_embed)
         self.decoder = Decoder(cfg, tgt_embed, cross_attention=True)
 
-    def encode(self, src_BS: jax.Array, *, deterministic: bool = True) -> jax.Array:
-        """Source ids `(B, S)` -> encoded `(B, S, D)`."""
+    def encode(
+        self,
+        src_BS: jax.Array,
+        *,
+        segment_ids_BS: jax.Array | None = None,
+        positions_BS: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Source ids `(B, S)` -> encoded `(B, S, D)`.
+
+        Packed sources take int `segment_ids_BS` `(B, S)` (0 = padding): attention stays
+        within each segment, and `positions_BS` default to `segment_positions(segment_ids_BS)`.
+        """
         cfg = self.config
         check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens")
+        names = ("src_tokens", "src_segment_ids", "src_positions")
+        positions_BS = check_packing(src_BS, segment_ids_BS, positions_BS, cfg.max_len, names)
         encoded = self.encoder(
-            src_BS, _self_attention_mask(src_BS, cfg.pad_id, False), deterministic=deterministic
+            src_BS,
+            self_attention_mask(src_BS, cfg.pad_id, False, segment_ids_BS),
+            deterministic=deterministic,
+            positions_BS=positions_BS,
         )
         chex.assert_shape(encoded, (*src_BS.shape, cfg.d_model))
         return encoded
@@ -150,37 +144,75 @@ class Transformer(nn.Module):
         src_BS: jax.Array,
         tgt_BT: jax.Array,
         *,
+        src_segment_ids_BS: jax.Array | None = None,
+        tgt_segment_ids_BT: jax.Array | None = None,
+        tgt_positions_BT: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
         """Decoder over the encoder output: `(B, S, D)`, `(B, S)`, `(B, T)` -> logits `(B, T, V)`.
 
-        `src_BS` is needed only for its padding mask.
+        `src_BS` is needed only for its padding mask. Packed rows take both segment ids,
+        `src_segment_ids_BS` and `tgt_segment_ids_BT` (target segment s reads source segment
+        s only); `tgt_positions_BT` default to `segment_positions(tgt_segment_ids_BT)`.
         """
         cfg = self.config
         check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens")
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
-        cross_mask_B11S = padding_mask(src_BS, cfg.pad_id)
+        names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
+        positions_BT = check_packing(
+            tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg.max_len, names
+        )
+        cross_mask = cross_attention_mask(
+            src_BS, cfg.pad_id, src_segment_ids_BS, tgt_segment_ids_BT
+        )
         logits = self.decoder(
             tgt_BT,
             encoded_BSD,
-            _self_attention_mask(tgt_BT, cfg.pad_id, True),
-            cross_mask_B11S,
+            self_attention_mask(tgt_BT, cfg.pad_id, True, tgt_segment_ids_BT),
+            cross_mask,
             deterministic=deterministic,
+            positions_BT=positions_BT,
         )
         chex.assert_shape(logits, (*tgt_BT.shape, cfg.output_vocab_size))
         return logits
 
     def __call__(
-        self, src_BS: jax.Array, tgt_BT: jax.Array, *, deterministic: bool = True
+        self,
+        src_BS: jax.Array,
+        tgt_BT: jax.Array,
+        *,
+        src_segment_ids_BS: jax.Array | None = None,
+        tgt_segment_ids_BT: jax.Array | None = None,
+        src_positions_BS: jax.Array | None = None,
+        tgt_positions_BT: jax.Array | None = None,
+        deterministic: bool = True,
     ) -> jax.Array:
-        """Source ids `(B, S)`, decoder input ids `(B, T)` -> float32 logits `(B, T, V)`."""
+        """Source ids `(B, S)`, decoder input ids `(B, T)` -> float32 logits `(B, T, V)`.
+
+        Packed rows: int segment ids `(B, S)` and `(B, T)`, both or neither (0 = padding,
+        1, 2, ... the examples, the same id for an example's source and target); positions
+        default to restarting at 0 in each segment.
+        """
         if src_BS.shape[:1] != tgt_BT.shape[:1]:
             raise ValueError(
                 f"src and tgt need the same batch size: {src_BS.shape=}, {tgt_BT.shape=}."
             )
-        encoded = self.encode(src_BS, deterministic=deterministic)
-        return self.decode(encoded, src_BS, tgt_BT, deterministic=deterministic)
+        encoded = self.encode(
+            src_BS,
+            segment_ids_BS=src_segment_ids_BS,
+            positions_BS=src_positions_BS,
+            deterministic=deterministic,
+        )
+        return self.decode(
+            encoded,
+            src_BS,
+            tgt_BT,
+            src_segment_ids_BS=src_segment_ids_BS,
+            tgt_segment_ids_BT=tgt_segment_ids_BT,
+            tgt_positions_BT=tgt_positions_BT,
+            deterministic=deterministic,
+        )
 
     def prefill(
         self,
@@ -233,6 +265,7 @@ class DecoderOnlyTransformer(nn.Module):
     """GPT-style causal language model: a decoder stack without cross-attention.
 
     `apply(params, tokens_BT)` -> float32 logits `(B, T, V)`; logit t predicts token t+1.
+    Packed rows take `segment_ids_BT` (module docstring).
     """
 
     config: TransformerConfig
@@ -242,15 +275,35 @@ class DecoderOnlyTransformer(nn.Module):
         self.embed = _embed(cfg, cfg.vocab_size, "embed")
         self.decoder = Decoder(cfg, self.embed, cross_attention=False)
 
-    def __call__(self, tokens_BT: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Token ids `(B, T)` -> float32 logits `(B, T, V)`.
+
+        Args:
+          tokens_BT: int token ids; `config.pad_id` is masked.
+          segment_ids_BT: int `(B, T)` for packed rows: 1, 2, ... per example, 0 at padding;
+            each token attends causally within its own segment. None: one sequence per row.
+          positions_BT: int `(B|1, T)` positions; default `segment_positions(segment_ids_BT)`
+            when packed, else 0..T-1.
+          deterministic: False turns dropout on ('dropout' rng stream).
+        """
         cfg = self.config
         check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens")
+        names = ("tokens", "segment_ids", "positions")
+        positions_BT = check_packing(tokens_BT, segment_ids_BT, positions_BT, cfg.max_len, names)
         logits = self.decoder(
             tokens_BT,
             None,
-            _self_attention_mask(tokens_BT, cfg.pad_id, True),
+            self_attention_mask(tokens_BT, cfg.pad_id, True, segment_ids_BT),
             None,
             deterministic=deterministic,
+            positions_BT=positions_BT,
         )
         chex.assert_shape(logits, (*tokens_BT.shape, cfg.vocab_size))
         return logits

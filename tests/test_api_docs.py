@@ -99,6 +99,7 @@ def test_api_reference_snippets_run_and_their_shapes_hold():
     for block in _python_blocks(API):
         exec(compile(block, "docs/api.md", "exec"), namespace)
     assert namespace["encoded"].shape == (2, 4, 32)
+    assert namespace["packed_logits"].shape == (2, 6, 100)  # "Packed sequences"
     assert namespace["cache"]["index"].tolist() == [3, 2]  # the LM prefill, lengths [3, 2]
     inter = namespace["inter"]
     B, N, S, T = 2, 4, 4, 3

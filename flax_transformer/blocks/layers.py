@@ -121,7 +121,11 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x_BSD: jax.Array, mask: jax.Array | None = None, deterministic: bool = True
+        self,
+        x_BSD: jax.Array,
+        mask: jax.Array | None = None,
+        positions_BS: jax.Array | None = None,
+        deterministic: bool = True,
     ) -> tuple[jax.Array, None]:
         """`(x (B, S, D), mask)` -> `((B, S, D), None)`.
 
@@ -129,6 +133,8 @@ class EncoderLayer(nn.Module):
           x_BSD: the layer input; D must equal `config.d_model`.
           mask: bool, True = may attend: `(S, S)` or `(B|1, N|1, S, S)`; None attends
             everywhere.
+          positions_BS: int `(B|1, S)` positions of `x_BSD`, read by rotary self-attention
+            only (`config.rope`; default `0..S-1`), e.g. per-segment positions when packed.
           deterministic: pass by keyword, as at every level; False turns dropout on.
 
         Returns:
@@ -141,7 +147,7 @@ class EncoderLayer(nn.Module):
         x_BSD = residual(
             x_BSD,
             make_layer_norm(cfg, "norm_attention"),
-            lambda h: attn(h, mask=mask, deterministic=deterministic),
+            lambda h: attn(h, mask=mask, deterministic=deterministic, positions_BT=positions_BS),
         )
         x_BSD = residual(x_BSD, make_layer_norm(cfg, "norm_ffn"), _feed_forward(cfg))
         x_BSD = nn.with_logical_constraint(x_BSD, (axes.BATCH, axes.LENGTH, axes.EMBED))

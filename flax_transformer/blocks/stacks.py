@@ -116,7 +116,12 @@ class Encoder(nn.Module):
 
     @nn.compact
     def __call__(
-        self, inputs: jax.Array, mask: jax.Array | None, *, deterministic: bool = True
+        self,
+        inputs: jax.Array,
+        mask: jax.Array | None,
+        *,
+        deterministic: bool = True,
+        positions_BS: jax.Array | None = None,
     ) -> jax.Array:
         """Encode source tokens or embeddings.
 
@@ -126,14 +131,17 @@ class Encoder(nn.Module):
           mask: bool, True = may attend: `(S, S)` or `(B|1, N|1, S, S)`; None attends
             everywhere (see the module docstring for masks over embeddings).
           deterministic: False turns dropout on ('dropout' rng stream).
+          positions_BS: int `(B|1, S)` positions of the inputs (default 0..S-1; packed
+            sequences restart at 0 in each segment); they index the position table, or with
+            `positional='rope'` the self-attention rotations.
 
         Returns:
           encoded `(B, S, D)`.
         """
         cfg = self.config
-        x_BSD = _embed_inputs("Encoder", cfg, self.embed, inputs, deterministic, None)
-        stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 1)
-        x_BSD, _ = stack(x_BSD, mask, deterministic=deterministic)
+        x_BSD = _embed_inputs("Encoder", cfg, self.embed, inputs, deterministic, positions_BS)
+        stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 2)
+        x_BSD, _ = stack(x_BSD, mask, positions_BS, deterministic=deterministic)
         if cfg.use_final_norm:
             x_BSD = make_layer_norm(cfg, "final_norm")(x_BSD)
         return x_BSD

@@ -20,12 +20,14 @@ from flax_transformer.functional.masks import (
     causal_mask,
     combine_masks,
     padding_mask,
+    segment_mask,
 )
 from flax_transformer.functional.norms import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
 from flax_transformer.functional.positions import (
     DEFAULT_ROPE_BASE,
     apply_rope,
     rope_angles,
+    segment_positions,
     sinusoidal_positions,
 )
 
@@ -48,6 +50,8 @@ __all__ = [
     "padding_mask",
     "rms_norm",
     "rope_angles",
+    "segment_mask",
+    "segment_positions",
     "simple_self_attention",
     "sinusoidal_positions",
     "softmax_dtype",

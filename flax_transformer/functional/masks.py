@@ -4,6 +4,11 @@ The attention functions take a mask of rank 2, `(T, S)`, shared by every example
 or of rank 4, `(B|1, N|1, T, S)`. The builders here return shapes that combine into those:
 `causal_mask(T)` is `(T, T)`, `padding_mask` of `(B, S)` tokens is `(B, 1, 1, S)`, and
 `combine_masks` broadcasts them to `(B, 1, T, S)`.
+
+Packed sequences: several examples share one row, each token labelled with the segment id
+of its example (1, 2, ...; 0 is padding). `segment_mask` lets a query see only the keys of
+its own segment; AND it with the causal mask for a decoder, and use the target and source
+segment ids together for cross-attention (target segment s sees source segment s only).
 """
 
 from __future__ import annotations
@@ -67,3 +72,36 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
     for m in present[1:]:
         out = jnp.logical_and(out, m.astype(jnp.bool_))
     return out
+
+
+def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
+    """Mask of packed sequences: a query sees the keys of its own segment, never padding.
+
+    Segment ids are ints, 0 for padding and 1, 2, ... for the examples packed in a row
+    (each example one contiguous run; ids may repeat across rows). Key 0 is hidden from
+    every query, so a padding query (segment 0) sees nothing, and the attention functions
+    give it zeros.
+
+    Args:
+      q_segments: int segment ids of the queries, `(B, T)`, or `(T,)` for one sequence.
+      k_segments: int segment ids of the keys, `(B, S)` (the same as `q_segments` for
+        self-attention; the source's for cross-attention), or `(S,)`.
+
+    Returns:
+      bool `(B, 1, T, S)` (the singleton is the head axis) for batched ids, `(T, S)` for
+      single sequences: True where `q_segments[t] == k_segments[s] != 0`.
+    """
+    q_segments, k_segments = jnp.asarray(q_segments), jnp.asarray(k_segments)
+    ranks = (q_segments.ndim, k_segments.ndim)
+    batched = ranks == (2, 2) and q_segments.shape[0] == k_segments.shape[0]
+    if not (batched or ranks == (1, 1)):
+        raise ValueError(
+            "segment_mask needs segment ids (B, T) and (B, S) with the same B, or (T,) and "
+            f"(S,), got {q_segments.shape=}, {k_segments.shape=}."
+        )
+    for name, ids in (("q_segments", q_segments), ("k_segments", k_segments)):
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise ValueError(f"segment_mask needs int {name} (0 = padding), got {ids.dtype}.")
+    same_TS = q_segments[..., :, None] == k_segments[..., None, :]
+    mask_TS = jnp.logical_and(same_TS, (k_segments != 0)[..., None, :])
+    return mask_TS[:, None] if batched else mask_TS

@@ -8,6 +8,7 @@ dimensions change fast with position, late ones slowly. For a fixed offset k, PE
 is a rotation of PE[pos] pair by pair, which lets attention read relative positions.
 Rotary embeddings (`apply_rope`) apply that rotation to the queries and keys themselves,
 so the attention scores depend on relative positions only.
+`segment_positions` numbers the tokens of packed sequences from 0 in each segment.
 """
 
 from __future__ import annotations
@@ -40,6 +41,38 @@ def sinusoidal_positions(length: int, dim: int, base: float = DEFAULT_BASE) -> j
     angles_LP = pos_L1 / jnp.power(jnp.float32(base), two_i / dim)
     # Interleave: column 2i holds sin, column 2i+1 holds cos.
     return jnp.stack([jnp.sin(angles_LP), jnp.cos(angles_LP)], axis=-1).reshape(length, dim)
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Positions of packed tokens: 0, 1, 2, ... restarting at every new segment.
+
+    A segment is a run of equal ids along the last axis (ids 1, 2, ...; 0 is padding), so
+    each packed example is numbered as if it stood alone at the start of a row.
+
+    Args:
+      segment_ids: int `(B, T)` (any leading axes, or `(T,)`); each example one contiguous run.
+
+    Returns:
+      int32 positions, same shape; 0 at padding (segment 0).
+    """
+    segment_ids = jnp.asarray(segment_ids)
+    if segment_ids.ndim < 1 or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(
+            "segment_positions needs int segment ids (B, T) or (T,), got "
+            f"{segment_ids.dtype} {segment_ids.shape=}."
+        )
+    length = segment_ids.shape[-1]
+    index_T = jnp.arange(length, dtype=jnp.int32)
+    starts = jnp.concatenate(
+        [
+            jnp.ones((*segment_ids.shape[:-1], 1), jnp.bool_),
+            segment_ids[..., 1:] != segment_ids[..., :-1],
+        ],
+        axis=-1,
+    )
+    # Index of the first token of each token's run: the running max of the run starts.
+    start_index = jax.lax.cummax(jnp.where(starts, index_T, 0), axis=segment_ids.ndim - 1)
+    return jnp.where(segment_ids != 0, index_T - start_index, 0).astype(jnp.int32)
 
 
 # The rotary base of RoFormer (Su et al. 2021) and Llama 1/2; Llama 3 uses 500000.

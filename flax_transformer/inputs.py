@@ -1,0 +1,124 @@
+"""What the models check and build from their token inputs, before any compute is spent.
+
+`check_tokens` (exported) and, for packed sequences, `check_packing` (segment ids and
+positions) raise ValueError for bad inputs; `self_attention_mask` and
+`cross_attention_mask` build the padding, causal and segment masks of the attentions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer.functional import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    segment_mask,
+    segment_positions,
+)
+
+
+def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) -> None:
+    """Raise ValueError for a bad token array before any compute is spent.
+
+    Shape, dtype and length are checked always; the id range only for concrete arrays
+    (under `jit` values are unknown, and JAX gathers would silently clamp a bad id, so data
+    pipelines check ids where they enter).
+    """
+    if tokens.ndim != 2:
+        raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}.")
+    if tokens.shape[1] > max_len:
+        raise ValueError(
+            f"{name} length {tokens.shape[1]} exceeds TransformerConfig.max_len={max_len}; "
+            "shorten the input or raise max_len."
+        )
+    if isinstance(tokens, jax.core.Tracer):
+        return
+    values = np.asarray(tokens)
+    if values.size and (values.min() < 0 or values.max() >= vocab_size):
+        bad = values[(values < 0) | (values >= vocab_size)][0]
+        where = tuple(int(i) for i in np.argwhere(values == bad)[0])
+        raise ValueError(
+            f"{name} holds token id {bad} at {where}, outside the vocabulary [0, {vocab_size}); "
+            "check the tokenizer's vocab_size against TransformerConfig.vocab_size."
+        )
+
+
+def check_packing(
+    tokens_BT: jax.Array,
+    segment_ids_BT: jax.Array | None,
+    positions_BT: jax.Array | None,
+    max_len: int,
+    names: tuple[str, str, str],
+) -> jax.Array | None:
+    """Check a packed row's segment ids and positions; return the positions to use.
+
+    Segment ids must be int `(B, T)` like the tokens, positions int `(B|1, T)` in
+    `[0, max_len)` (their range is checked for concrete arrays only). Positions default to
+    `segment_positions(segment_ids)` when segment ids are given, else None (0..T-1).
+    """
+    tokens_name, segments_name, positions_name = names
+    for name, ids, batches in (
+        (segments_name, segment_ids_BT, (tokens_BT.shape[0],)),
+        (positions_name, positions_BT, (1, tokens_BT.shape[0])),
+    ):
+        if ids is None:
+            continue
+        if (
+            ids.ndim != 2
+            or ids.shape[0] not in batches
+            or ids.shape[1] != tokens_BT.shape[1]
+            or not jnp.issubdtype(ids.dtype, jnp.integer)
+        ):
+            raise ValueError(
+                f"{name} must be int ids of the shape of {tokens_name} {tokens_BT.shape}, got "
+                f"{ids.dtype} {ids.shape}; give one id per token."
+            )
+    if positions_BT is None:
+        return None if segment_ids_BT is None else segment_positions(segment_ids_BT)
+    if not isinstance(positions_BT, jax.core.Tracer):
+        values = np.asarray(positions_BT)
+        if values.size and (values.min() < 0 or values.max() >= max_len):
+            raise ValueError(
+                f"{positions_name} holds positions in [{values.min()}, {values.max()}], outside "
+                f"[0, TransformerConfig.max_len={max_len}); raise max_len or fix the positions."
+            )
+    return positions_BT
+
+
+def self_attention_mask(
+    tokens_BT: jax.Array, pad_id: int, causal: bool, segment_ids_BT: jax.Array | None = None
+) -> jax.Array:
+    """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future; if
+    packed, in the query's own segment)."""
+    keys_B11T = padding_mask(tokens_BT, pad_id)
+    same_B1TT = None if segment_ids_BT is None else segment_mask(segment_ids_BT, segment_ids_BT)
+    return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None, same_B1TT)
+
+
+def cross_attention_mask(
+    src_BS: jax.Array,
+    pad_id: int,
+    src_segment_ids_BS: jax.Array | None = None,
+    tgt_segment_ids_BT: jax.Array | None = None,
+) -> jax.Array:
+    """`(B, 1, 1, S)` source keys that are not padding, or, when packed, `(B, 1, T, S)`:
+    target segment s reads source segment s only. Segment ids come both or neither."""
+    if (src_segment_ids_BS is None) != (tgt_segment_ids_BT is None):
+        raise ValueError(
+            "packed translation needs both src_segment_ids and tgt_segment_ids (target "
+            "segment s reads source segment s), got only one; pass both or neither."
+        )
+    keys_B11S = padding_mask(src_BS, pad_id)
+    if tgt_segment_ids_BT is None:
+        return keys_B11S
+    if src_segment_ids_BS.shape != src_BS.shape:
+        raise ValueError(
+            f"src_segment_ids must have the shape of src_tokens {src_BS.shape}, got "
+            f"{src_segment_ids_BS.shape}; give one id per source token."
+        )
+    return combine_masks(keys_B11S, segment_mask(tgt_segment_ids_BT, src_segment_ids_BS))
