@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from train import batching, corpora, data
+from train import batching, corpora, data, tasks
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.
@@ -333,9 +333,11 @@ def test_default_bucket_lengths():
 
 def test_filter_by_length_drops_and_counts():
     pairs = [([5] * 4, [6] * 3), ([5] * 5, [6]), ([5], [6] * 4), ([5] * 2, [6] * 2)]
-    kept, dropped = data.filter_by_length(pairs, max_len=4, task="translation")
+    kept, dropped = data.filter_by_length(pairs, max_len=4, length=batching.pair_length)
     assert kept == [pairs[0], pairs[3]] and dropped == 2
-    kept, dropped = data.filter_by_length([[5] * 3, [5] * 4], max_len=4, task="lm")
+    kept, dropped = data.filter_by_length(
+        [[5] * 3, [5] * 4], max_len=4, length=batching.document_length
+    )
     assert kept == [[5] * 3] and dropped == 1
 
 
@@ -343,11 +345,17 @@ def test_filter_by_length_errors():
     with pytest.raises(
         ValueError, match=r"Example 1 needs length 6 > max_len=4.*on_too_long='drop'"
     ):
-        data.filter_by_length([[1], [1] * 5], max_len=4, task="lm", on_too_long="error")
+        data.filter_by_length(
+            [[1], [1] * 5], max_len=4, length=batching.document_length, on_too_long="error"
+        )
     with pytest.raises(ValueError, match=r"on_too_long='clip' is not one of"):
-        data.filter_by_length([[1]], max_len=4, task="lm", on_too_long="clip")
-    with pytest.raises(ValueError, match=r"task='mt' is not one of"):
-        data.filter_by_length([[1]], max_len=4, task="mt")
+        data.filter_by_length([[1]], max_len=4, length=batching.document_length, on_too_long="clip")
+
+
+def test_get_task_names_the_choices():
+    assert tasks.get_task("lm") is tasks.TASKS["lm"]
+    with pytest.raises(ValueError, match=r"task='mt' is not one of \('translation', 'lm'\)"):
+        tasks.get_task("mt")
 
 
 def test_translation_batch_contents():

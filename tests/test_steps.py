@@ -6,6 +6,9 @@ import numpy as np
 import pytest
 
 from train import steps
+from train.tasks import TASKS
+
+TRANSLATION = TASKS["translation"]
 
 PAD, UNK = 0, 3
 
@@ -57,12 +60,12 @@ def test_word_dropout_changes_training_only_when_on():
     batch = {"src": tgt, "tgt_in": tgt, "tgt_out": jnp.roll(tgt, -1, axis=1)}
 
     def run(rate):
-        state = steps.create_train_state(model, "translation", tx, mesh, 0, "threefry2x32")
+        state = steps.create_train_state(model, TRANSLATION, tx, mesh, 0, "threefry2x32")
         _, metrics = steps.train_step(
             state,
             batch,
             model=model,
-            task="translation",
+            task=TRANSLATION,
             tx=tx,
             label_smoothing=0.0,
             rng_impl="threefry2x32",

@@ -24,10 +24,11 @@ import numpy as np
 
 from train.batching import (
     default_bucket_lengths,
-    example_length,
+    document_length,
     filter_by_length,
     lm_batches,
     packed_lm_batches,
+    pair_length,
     translation_batches,
 )
 from train.corpora import (
@@ -46,8 +47,8 @@ __all__ = [
     "Splits",
     "check_token_ids",
     "default_bucket_lengths",
+    "document_length",
     "epoch_rng",
-    "example_length",
     "filter_by_length",
     "lm_batches",
     "load_bible_parallel",
@@ -55,6 +56,7 @@ __all__ = [
     "load_kjv_web_pairs",
     "normalize_whitespace",
     "packed_lm_batches",
+    "pair_length",
     "read_parallel_tsv",
     "read_text_lines",
     "split_examples",

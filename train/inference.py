@@ -11,8 +11,9 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import linen as nn
 
-from train import config_lib, input_pipeline, steps
+from train import config_lib, input_pipeline
 from train.checkpoint import Checkpointer
+from train.tasks import get_task
 from train.tokenizer import Tokenizer
 from train.train_lib import CONFIG_FILE
 from train.workdir import read_json
@@ -57,9 +58,10 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     )
     config = ml_collections.ConfigDict(saved)
     tokenizer = input_pipeline.make_tokenizer(config, workdir)
-    model = steps.make_model(config.task, config_lib.model_config(config, tokenizer.vocab_size))
+    task = get_task(config.task)
+    model = task.make_model(config_lib.model_config(config, tokenizer.vocab_size))
     # Only the parameters are read, into the shapes of a freshly initialised model.
-    init_inputs = steps.init_inputs(config.task)
+    init_inputs = task.init_inputs()
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     checkpointer = Checkpointer(workdir, read_only=True)

@@ -19,6 +19,7 @@ import numpy as np
 
 from train import data, hf_corpus
 from train.batching import WHOLE_BATCH, RowShare
+from train.tasks import Task, get_task
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Below this many training examples (real ones, copies not counted) a run still works but
@@ -31,7 +32,7 @@ class Dataset:
     """Everything the training loop needs from the data.
 
     Attributes:
-        task: 'translation' or 'lm'.
+        task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
         build_epoch: rng -> one epoch of training batches (for `data.EpochStream`).
         eval_batches: validation batches in a fixed order (at most num_eval_batches).
@@ -44,7 +45,7 @@ class Dataset:
             tokenization: a resumed run checks that it still trains on the same data.
     """
 
-    task: str
+    task: Task
     tokenizer: Tokenizer
     build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]]
     eval_batches: list[dict[str, np.ndarray]]
@@ -145,27 +146,6 @@ def _flat(examples: Sequence) -> np.ndarray:
     return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64)
 
 
-def _batches(config, task, examples, rng, num_devices, share, drop_remainder=False):
-    """Batches of tokenized examples as the config says (bucketed, or packed for the LM);
-    only the `share` of each batch's rows is built."""
-    if config.packed:
-        return data.packed_lm_batches(
-            examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
-        )
-    buckets = tuple(config.bucket_lengths) or data.default_bucket_lengths(config.max_len)
-    make = data.translation_batches if task == "translation" else data.lm_batches
-    return make(
-        examples,
-        bucket_lengths=buckets,
-        batch_size=config.batch_size or None,
-        tokens_per_batch=config.tokens_per_batch or None,
-        batch_size_multiple=num_devices,
-        rng=rng,
-        drop_remainder=drop_remainder,
-        share=share,
-    )
-
-
 def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
     """(target, target) pairs made from a `share` of the training pairs' targets.
 
@@ -215,7 +195,7 @@ def build_dataset(
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
     """
-    task = config.task
+    task = get_task(config.task)
     if config.packed and config.batch_size % num_devices:
         raise ValueError(
             f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
@@ -237,7 +217,7 @@ def build_dataset(
     tokenizer = make_tokenizer(config, workdir, splits.train)
     train_ids = _encode(tokenizer, splits.train)
     copies = []  # (target, target) pairs, chosen among all training pairs before filtering
-    if task == "translation" and config.copied_targets:
+    if config.copied_targets:  # translation only (validate_config)
         copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
     for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
@@ -245,10 +225,10 @@ def build_dataset(
     valid_texts = list(splits.valid)
     dropped = 0
     if not config.packed:
-        train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task)
-        copies, dropped_copies = data.filter_by_length(copies, config.max_len, task)
+        train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task.example_length)
+        copies, dropped_copies = data.filter_by_length(copies, config.max_len, task.example_length)
         dropped += dropped_copies
-        fits = [data.example_length(ids, task) <= config.max_len for ids in valid_ids]
+        fits = [task.example_length(ids) <= config.max_len for ids in valid_ids]
         valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
         valid_texts = [text for text, keep in zip(valid_texts, fits, strict=True) if keep]
         dropped += fits.count(False)
@@ -267,11 +247,10 @@ def build_dataset(
             len(train_ids),
             MIN_TRAIN_EXAMPLES,
         )
-    eval_batches = _batches(config, task, valid_ids, None, num_devices, share)
+    eval_batches = task.batches(config, valid_ids, None, num_devices, share)
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]
-    target_ids = [tgt for _, tgt in valid_ids] if task == "translation" else valid_ids
-    target_texts = [t for _, t in valid_texts] if task == "translation" else valid_texts
+    target_ids, target_texts = task.targets(valid_ids), task.targets(valid_texts)
     # Target tokens per example: + EOS; packed streams also predict the next line's BOS.
     extra_targets = 2 if config.packed else 1
     num_tokens = sum(len(ids) + extra_targets for ids in target_ids)
@@ -279,7 +258,7 @@ def build_dataset(
     return Dataset(
         task=task,
         tokenizer=tokenizer,
-        build_epoch=lambda rng: _batches(config, task, train_ids + copies, rng, num_devices, share),
+        build_epoch=lambda rng: task.batches(config, train_ids + copies, rng, num_devices, share),
         eval_batches=eval_batches,
         valid_examples=valid_texts,
         chars_per_token=num_chars / num_tokens,

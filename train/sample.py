@@ -30,6 +30,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from train import evaluate, inference
+    from train.tasks import get_task
 
     quiet_library_logs()
 
@@ -39,10 +40,11 @@ def main(argv: list[str]) -> None:
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
-    if trained.config.task != "lm":
+    task = get_task(trained.config.task)
+    if task.tool != "train.sample":
         die(
-            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
-            "`python -m train.translate` for translation models."
+            f"{FLAGS.workdir} holds a task={task.name!r} model; use "
+            f"`python -m {task.tool}` for {task.models}."
         )
     config = trained.config
     with config.unlocked():

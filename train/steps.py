@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax
 import jax
@@ -19,14 +19,13 @@ import jax.numpy as jnp
 import optax
 from flax import linen as nn
 
-from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.functional import label_smoothed_cross_entropy
 from train.batching import WHOLE_BATCH, RowShare
 from train.tokenizer import UNK_ID
 
-# Shape of the dummy batch used to initialise parameters (no parameter depends on it).
-_INIT_BATCH_SHAPE = (1, 8)
+if TYPE_CHECKING:
+    from train.tasks import Task
 
 
 @flax.struct.dataclass
@@ -46,21 +45,9 @@ class TrainState:
     rng: jax.Array
 
 
-def make_model(task: str, model_config: TransformerConfig) -> nn.Module:
-    """`Transformer` for 'translation', `DecoderOnlyTransformer` for 'lm'."""
-    return (
-        Transformer(model_config) if task == "translation" else DecoderOnlyTransformer(model_config)
-    )
-
-
-def init_inputs(task: str) -> tuple[jax.Array, ...]:
-    dummy = jnp.ones(_INIT_BATCH_SHAPE, jnp.int32)
-    return (dummy, dummy) if task == "translation" else (dummy,)
-
-
 def create_train_state(
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     mesh: jax.sharding.Mesh,
     seed: int,
@@ -74,7 +61,7 @@ def create_train_state(
 
     Args:
         model: the flax module.
-        task: 'translation' or 'lm' (decides the init inputs).
+        task: the run's task (its init inputs).
         tx: the optimizer.
         mesh: the device mesh.
         seed: parameter init uses key(seed); dropout uses fold_in(key(seed), 1).
@@ -85,7 +72,7 @@ def create_train_state(
     """
 
     def init_boxed() -> TrainState:
-        variables = model.init(jax.random.key(seed), *init_inputs(task))
+        variables = model.init(jax.random.key(seed), *task.init_inputs())
         dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), 1)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
@@ -99,22 +86,6 @@ def create_train_state(
     shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
     with nn.logical_axis_rules(rules):
         return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
-
-
-def _logits_and_labels(model, task, params, batch, *, deterministic, rngs=None):
-    if task == "translation":
-        logits = model.apply(
-            {"params": params},
-            batch["src"],
-            batch["tgt_in"],
-            deterministic=deterministic,
-            rngs=rngs,
-        )
-        return logits, batch["tgt_out"]
-    logits = model.apply(
-        {"params": params}, batch["inputs"], deterministic=deterministic, rngs=rngs
-    )
-    return logits, batch["targets"]
 
 
 def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
@@ -158,7 +129,7 @@ def train_step(
     batch: dict[str, jax.Array],
     *,
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     label_smoothing: float,
     rng_impl: str,
@@ -173,7 +144,8 @@ def train_step(
         state: the TrainState.
         batch: int32 `(B, L)` arrays ('src', 'tgt_in', 'tgt_out' or 'inputs', 'targets').
         model, task, tx, label_smoothing, rng_impl: bound with functools.partial.
-        target_token_dropout: translation only: `drop_target_tokens` rate (0 = off).
+        target_token_dropout: `drop_target_tokens` rate for the task's decoder inputs
+            (translation only; 0 = off).
         unk_id: the id that dropped decoder inputs become.
 
     Returns:
@@ -181,21 +153,16 @@ def train_step(
     """
     key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
     key, dropout_key = jax.random.split(key)
-    if target_token_dropout and task == "translation":
+    if target_token_dropout:
         # A key of its own, derived without changing the dropout key stream of rate-0 runs.
         word_key = jax.random.fold_in(dropout_key, 1)
-        batch = dict(batch)
-        batch["tgt_in"] = drop_target_tokens(
-            batch["tgt_in"],
-            target_token_dropout,
-            word_key,
-            unk_id=unk_id,
-            pad_id=model.config.pad_id,
+        batch = task.drop_decoder_inputs(
+            batch, target_token_dropout, word_key, unk_id=unk_id, pad_id=model.config.pad_id
         )
 
     def loss_fn(params):
-        logits, labels = _logits_and_labels(
-            model, task, params, batch, deterministic=False, rngs={"dropout": dropout_key}
+        logits, labels = task.logits_and_labels(
+            model, params, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
         loss, weights = label_smoothed_cross_entropy(
             logits, labels, label_smoothing=label_smoothing, pad_id=model.config.pad_id
@@ -218,7 +185,7 @@ def train_step(
 
 
 def eval_step(
-    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: str
+    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: Task
 ) -> dict[str, jax.Array]:
     """Metric sums of one validation batch, without label smoothing or dropout.
 
@@ -226,14 +193,14 @@ def eval_step(
         {'loss', 'nll', 'correct', 'tokens'} summed over non-padding target tokens
         ('loss' equals 'nll' here).
     """
-    logits, labels = _logits_and_labels(model, task, params, batch, deterministic=True)
+    logits, labels = task.logits_and_labels(model, params, batch, deterministic=True)
     nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
     return _token_metrics(logits, labels, nll, weights)
 
 
 def jit_steps(
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     state: TrainState,
     mesh: jax.sharding.Mesh,

@@ -26,7 +26,6 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from flax_transformer import sharding as sharding_lib
 from train import config_lib, data, distributed, evaluate, input_pipeline, optim, steps
@@ -109,12 +108,6 @@ def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -
         atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
 
 
-def _tokens_in(batch: dict[str, np.ndarray]) -> int:
-    """Non-padding tokens fed to the model (source + decoder input, or LM inputs)."""
-    keys = ("src", "tgt_in") if "src" in batch else ("inputs",)
-    return int(sum(np.count_nonzero(batch[k]) for k in keys))
-
-
 @jax.jit
 def _all_finite(tree) -> jax.Array:
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
@@ -183,11 +176,10 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     )
     _check_same_data(dataset.fingerprint, workdir, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
-    model = steps.make_model(
-        config.task, config_lib.model_config(config, dataset.tokenizer.vocab_size)
-    )
+    task = dataset.task
+    model = task.make_model(config_lib.model_config(config, dataset.tokenizer.vocab_size))
     tx = optim.make_optimizer(config)
-    state = steps.create_train_state(model, config.task, tx, mesh, config.seed, config.rng_impl)
+    state = steps.create_train_state(model, task, tx, mesh, config.seed, config.rng_impl)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
@@ -198,7 +190,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
     train_step, eval_step, put_batch = steps.jit_steps(
         model,
-        config.task,
+        task,
         tx,
         state,
         mesh,
@@ -211,7 +203,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     primary = distributed.is_primary()
     writer = MetricsWriter(workdir, resume_step=int(state.step)) if primary else _Discard()
     log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
-    chars_per_token = dataset.chars_per_token if config.task == "lm" else None
+    chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
 
     def run_eval(step: int) -> dict:
         valid = evaluate.evaluate_loss(
@@ -238,7 +230,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
             batch = next(stream)
             state, metrics = train_step(state, put_batch(batch))
             # This process's rows only: with equal shares, times the share count is the whole.
-            log.add(step, metrics, _tokens_in(batch) * share.count)
+            log.add(step, metrics, task.tokens_in(batch) * share.count)
             bar.update(1)
             if step % config.log_every_steps == 0 or step == total:
                 summary = log.check()
@@ -254,25 +246,12 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
                 )
-            if (
-                config.task == "translation"
-                and config.bleu_examples
-                and config.bleu_every_steps
-                and step % config.bleu_every_steps == 0
-                and step < total
-            ):
-                scores, _ = evaluate.validation_bleu(
-                    config,
-                    dataset,
-                    model,
-                    distributed.host_copy(state.params),
-                    beam_size=config.beam_size,
-                )
-                writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
-                say(
-                    f"step {step}: validation BLEU {scores['bleu']:.2f}, chrF "
-                    f"{scores['chrf']:.2f} ({scores['examples']} sentences, {scores['decoding']})"
-                )
+            if config.bleu_every_steps and step % config.bleu_every_steps == 0 and step < total:
+                scored = task.interim_scores(config, dataset, model, state.params)
+                if scored is not None:
+                    split, record, line = scored
+                    writer.write(step, split, record)
+                    say(f"step {step}: {line}")
             if step % config.checkpoint_every_steps == 0 or step == total:
                 save(step)
             if step % config.log_every_steps == 0:
@@ -285,7 +264,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     results = {
         "step": step,
         "valid": valid,
-        **evaluate.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
+        **task.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
     }
     if "bleu" in results:
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})

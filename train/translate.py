@@ -26,6 +26,7 @@ def main(argv: list[str]) -> None:
     if not sentences:
         raise app.UsageError("Give sentences as arguments or on stdin, one per line.")
     from train import evaluate, inference
+    from train.tasks import get_task
 
     quiet_library_logs()
 
@@ -35,10 +36,11 @@ def main(argv: list[str]) -> None:
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
-    if trained.config.task != "translation":
+    task = get_task(trained.config.task)
+    if task.tool != "train.translate":
         die(
-            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
-            "`python -m train.sample` for language models."
+            f"{FLAGS.workdir} holds a task={task.name!r} model; use "
+            f"`python -m {task.tool}` for {task.models}."
         )
     config = trained.config
     with config.unlocked():
