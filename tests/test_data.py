@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from train import batching, corpora, data, tasks
+from train.rundir import RunDir
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.
@@ -604,8 +605,8 @@ def test_dataset_with_copied_targets_counts_them_apart(tmp_path):
     from train import input_pipeline
 
     config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5)
-    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), tmp_path)
-    dataset = input_pipeline.build_dataset(config, tmp_path)
+    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), RunDir(tmp_path))
+    dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
     assert dataset.sizes["train"] == plain.sizes["train"]
     assert dataset.sizes["copied"] == pytest.approx(0.5 * plain.sizes["train"], abs=1)
     epoch = dataset.build_epoch(np.random.default_rng(0))

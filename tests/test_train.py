@@ -14,7 +14,7 @@ import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
 from train import evaluate, inference, metrics, train_lib
-from train.checkpoint import checkpoint_dir
+from train.rundir import RunDir
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
 # asyncio loop; it surfaces later, at garbage collection, as an unraisable "Exception ignored
@@ -50,7 +50,7 @@ def trained_run(tmp_path_factory):
 
 def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     _, workdir, results = trained_run
-    records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    records = metrics.read_metrics(RunDir(workdir).metrics)
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(10, 301, 10))
     assert train[-1]["loss"] < 0.5 * train[0]["loss"]
@@ -74,7 +74,7 @@ def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     for name in ("loss_curve.png", "results.json", "config.json"):
         assert (workdir / name).is_file()
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
-    assert sorted(int(p.name) for p in checkpoint_dir(workdir).iterdir()) == [150, 300]
+    assert sorted(int(p.name) for p in RunDir(workdir).checkpoints.iterdir()) == [150, 300]
 
 
 def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
@@ -120,7 +120,7 @@ def _kill_at(step_to_die):
 def _saved_state(workdir, step):
     """The raw checkpointed TrainState tree (params, opt state, rng, step) as numpy."""
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(checkpoint_dir(workdir) / str(step) / "state")
+        return checkpointer.restore(RunDir(workdir).checkpoints / str(step) / "state")
 
 
 def test_resume_after_kill_is_bit_identical(tmp_path):
@@ -137,7 +137,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     interrupted = tmp_path / "interrupted"
     with pytest.raises(_Killed):  # dies at step 6, after the checkpoint of step 4
         train_lib.train_and_evaluate(config, str(interrupted), step_callback=_kill_at(6))
-    assert sorted(p.name for p in checkpoint_dir(interrupted).iterdir()) == ["4"]
+    assert sorted(p.name for p in RunDir(interrupted).checkpoints.iterdir()) == ["4"]
     train_lib.train_and_evaluate(config, str(interrupted))  # the same call again: resumes
 
     a, b = _saved_state(straight, 8), _saved_state(interrupted, 8)
@@ -146,7 +146,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
 
     def logged(workdir):
-        records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+        records = metrics.read_metrics(RunDir(workdir).metrics)
         for record in records:
             record.pop("tokens_per_sec", None)
         return records
@@ -167,7 +167,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     with pytest.raises(train_lib.TrainingDivergedError, match=r"at step 2\b") as err:
         train_lib.train_and_evaluate(config, str(tmp_path / "run"))
     assert "last good checkpoint (step 1)" in str(err.value)
-    assert [p.name for p in checkpoint_dir(tmp_path / "run").iterdir()] == ["1"]
+    assert [p.name for p in RunDir(tmp_path / "run").checkpoints.iterdir()] == ["1"]
 
 
 def test_language_model_run_reports_bits_per_char(tmp_path):
@@ -235,7 +235,7 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
     shutil.copytree(workdir, copy)
     # Both checkpoints: a damaged latest one alone is moved aside and the run resumes from
     # the one before (tests/test_train_robustness.py).
-    for path in checkpoint_dir(copy).rglob("*"):
+    for path in RunDir(copy).checkpoints.rglob("*"):
         if path.is_file() and "manifest" in path.name:
             path.write_bytes(b"garbage")
     longer = config.copy_and_resolve_references()  # the fixture's config stays as it is
@@ -246,10 +246,10 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
 
 def test_rerunning_a_finished_run_prints_its_results(trained_run, capsys):
     config, workdir, results = trained_run
-    records = (workdir / metrics.METRICS_FILE).read_text()
+    records = (RunDir(workdir).metrics).read_text()
     assert train_lib.train_and_evaluate(config, str(workdir)) == results
     assert "BLEU" in capsys.readouterr().out
-    assert (workdir / metrics.METRICS_FILE).read_text() == records  # nothing re-logged
+    assert (RunDir(workdir).metrics).read_text() == records  # nothing re-logged
 
 
 def test_config_json_records_the_run(trained_run):
@@ -302,8 +302,7 @@ def test_data_parallel_matches_one_device(tmp_path):
 
     def losses(workdir):
         return [
-            (r["step"], r["split"], r["nll"])
-            for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)
+            (r["step"], r["split"], r["nll"]) for r in metrics.read_metrics(RunDir(workdir).metrics)
         ]
 
     for (step_a, split_a, a), (step_b, split_b, b) in zip(losses(one), losses(four), strict=True):

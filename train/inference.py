@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any, NamedTuple
 
 import jax
@@ -13,10 +12,9 @@ from flax import linen as nn
 
 from train import config_lib, input_pipeline
 from train.checkpoint import Checkpointer
+from train.rundir import RunDir, read_json
 from train.tasks import get_task
 from train.tokenizer import Tokenizer
-from train.train_lib import CONFIG_FILE
-from train.workdir import read_json
 
 
 class TrainedModel(NamedTuple):
@@ -44,8 +42,8 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
             RunFailure: damaged files).
         DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
     """
-    workdir = pathlib.Path(workdir)
-    config_path = workdir / CONFIG_FILE
+    run = RunDir(workdir)
+    workdir, config_path = run.path, run.config
     if not config_path.exists():
         raise FileNotFoundError(
             f"{config_path} not found: {workdir} is not a training run directory ; train with "
@@ -57,7 +55,7 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
         "--config and overrides: it is rewritten and the run resumes",
     )
     config = ml_collections.ConfigDict(saved)
-    tokenizer = input_pipeline.make_tokenizer(config, workdir)
+    tokenizer = input_pipeline.make_tokenizer(config, run)
     task = get_task(config.task)
     model = task.make_model(config_lib.model_config(config, tokenizer.vocab_size))
     # Only the parameters are read, into the shapes of a freshly initialised model.

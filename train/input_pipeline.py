@@ -10,8 +10,6 @@ import dataclasses
 import hashlib
 import itertools
 import logging
-import os
-import pathlib
 from collections.abc import Callable, Sequence
 
 import ml_collections
@@ -19,6 +17,7 @@ import numpy as np
 
 from train import data, hf_corpus
 from train.batching import WHOLE_BATCH, RowShare
+from train.rundir import RunDir
 from train.tasks import Task, get_task
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
@@ -110,15 +109,15 @@ def _texts(examples: Sequence) -> list[str]:
 
 def make_tokenizer(
     config: ml_collections.ConfigDict,
-    workdir: str | os.PathLike,
+    run: RunDir,
     train_examples: Sequence | None = None,
 ) -> Tokenizer:
     """The config's tokenizer; SentencePiece is trained on the train split on first use and
-    cached as `workdir/spm_<vocab_size>.model`.
+    cached in the run directory.
 
     Args:
         config: the experiment config (tokenizer, vocab_size).
-        workdir: where the SentencePiece model is cached.
+        run: the run directory, where the SentencePiece model is cached.
         train_examples: the training split, needed only when the model must be trained.
 
     Raises:
@@ -126,12 +125,14 @@ def make_tokenizer(
     """
     if config.tokenizer == "byte":
         return ByteTokenizer()
-    model_path = pathlib.Path(workdir) / f"spm_{config.vocab_size}.model"
+    model_path = run.tokenizer_model(config.vocab_size)
     if train_examples is None:
         return SentencePieceTokenizer(model_path)
     if not model_path.exists():
         logging.info("Training SentencePiece (vocab %d) on the train split...", config.vocab_size)
-    return SentencePieceTokenizer.train_or_load(_texts(train_examples), workdir, config.vocab_size)
+    return SentencePieceTokenizer.train_or_load(
+        _texts(train_examples), model_path, config.vocab_size
+    )
 
 
 def _encode(tokenizer: Tokenizer, examples: Sequence) -> list:
@@ -170,7 +171,7 @@ def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
 
 def build_dataset(
     config: ml_collections.ConfigDict,
-    workdir: str | os.PathLike,
+    run: RunDir,
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
     make_tokenizer: Callable = make_tokenizer,
@@ -183,10 +184,10 @@ def build_dataset(
 
     Args:
         config: a validated experiment config.
-        workdir: the run directory (SentencePiece model cache).
+        run: the run directory (SentencePiece model cache).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
-        make_tokenizer: (config, workdir, train examples) -> tokenizer; e.g. one that lets
+        make_tokenizer: (config, run, train examples) -> tokenizer; e.g. one that lets
             one process train SentencePiece while the others wait for its file.
 
     Returns:
@@ -214,7 +215,7 @@ def build_dataset(
             f"--config.valid_fraction={config.valid_fraction}."
         )
     fingerprint = data_fingerprint(splits.train, splits.valid)
-    tokenizer = make_tokenizer(config, workdir, splits.train)
+    tokenizer = make_tokenizer(config, run, splits.train)
     train_ids = _encode(tokenizer, splits.train)
     copies = []  # (target, target) pairs, chosen among all training pairs before filtering
     if config.copied_targets:  # translation only (validate_config)

@@ -1,8 +1,8 @@
 """Metric summaries, and where they go: `metrics.jsonl`, TensorBoard events, a loss-curve PNG.
 
-Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...}` in
-`workdir/metrics.jsonl`; the same scalars go to TensorBoard (`workdir/tensorboard`) as
-`<split>/<name>`.
+Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...}` in the
+run directory's metrics file; the same scalars go to its TensorBoard folder as
+`<split>/<name>` (`train.rundir` names both).
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from train.workdir import atomic_savefig, atomic_write_text
+from train.rundir import RunDir, atomic_savefig, atomic_write_text
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-LOSS_CURVE_FILE = "loss_curve.png"
 # Perplexity overflows float64 above exp(709); report inf beyond this loss.
 _MAX_LOG_PERPLEXITY = 700.0
 
@@ -51,18 +48,18 @@ def summarize(sums: Mapping[str, float], chars_per_token: float | None = None) -
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and TensorBoard; resumes without duplicates."""
 
-    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0):
+    def __init__(self, run: RunDir, resume_step: int = 0):
         """Opens the writers.
 
         Args:
-            workdir: the run directory.
+            run: the run directory.
             resume_step: the step training restarts from; records of later steps (written
                 by the interrupted run after its last checkpoint) are removed from the JSONL;
                 those kept are never written twice.
         """
         from tensorboardX import SummaryWriter  # heavy import, only where written
 
-        self.path = pathlib.Path(workdir) / METRICS_FILE
+        self.path = run.metrics
         kept = []
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -70,7 +67,7 @@ class MetricsWriter:
         # (step, split) of every record in the file: a resumed run that evaluates a step again
         # (e.g. the final one, when results.json was lost) must not log it twice.
         self._written = {(r["step"], r["split"]) for r in kept}
-        self._tb = SummaryWriter(str(pathlib.Path(workdir) / TENSORBOARD_DIR))
+        self._tb = SummaryWriter(str(run.tensorboard))
 
     def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
         """Writes one record; non-finite numbers are stored as strings ('nan', 'inf').
@@ -103,8 +100,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
-    """Plots train and validation loss against step into `workdir/loss_curve.png`.
+def plot_loss_curve(run: RunDir) -> pathlib.Path | None:
+    """Plots train and validation loss against step from the run's metrics into its
+    loss-curve PNG.
 
     Returns:
         The PNG path, or None when there is nothing to plot.
@@ -114,7 +112,7 @@ def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
     matplotlib.use("Agg")  # no display needed
     from matplotlib import pyplot as plt
 
-    path = pathlib.Path(workdir) / METRICS_FILE
+    path = run.metrics
     if not path.exists():
         return None
     records = read_metrics(path)
@@ -137,7 +135,7 @@ def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
     ax.set_ylabel("cross-entropy (nats per target token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    out = pathlib.Path(workdir) / LOSS_CURVE_FILE
+    out = run.loss_curve
     fig.tight_layout()
     atomic_savefig(fig, out, dpi=100)
     plt.close(fig)
