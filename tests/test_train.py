@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import evaluate, inference, metrics, train_lib
+from train import decoding, evaluate, inference, metrics, train_lib
 from train.rundir import RunDir
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
@@ -99,8 +99,9 @@ def test_translate_from_checkpoint(trained_run):
     trained = inference.load_trained(workdir)
     assert trained.step == 300 and trained.config.task == "translation"
     sample = results["samples"][0]
-    outputs = evaluate.translate(
-        trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], trained.config
+    options = decoding.DecodeOptions.from_config(trained.config)
+    outputs = decoding.translate(
+        trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], options
     )
     assert outputs[0] == sample["model"] and isinstance(outputs[1], str)
 
@@ -191,8 +192,6 @@ def test_language_model_run_reports_bits_per_char(tmp_path):
 def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
     """generate_text refuses top_k/top_p with temperature 0; the program's greedy samples
     (configs/lm_kjv.py has top_k=40) pass them only when it samples."""
-    import ml_collections
-
     from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
     from train.tokenizer import ByteTokenizer
 
@@ -208,10 +207,10 @@ def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
         )
     )
     params = jax.jit(model.init)(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
-    config = ml_collections.ConfigDict(
-        dict(max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0)
+    options = decoding.DecodeOptions(
+        max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0
     )
-    (text,) = evaluate.sample_text(model, params, tokenizer, ["ab"], config)
+    (text,) = decoding.sample_text(model, params, tokenizer, ["ab"], options)
     prompt = np.array([[tokenizer.bos_id, *tokenizer.encode("ab")]])
     greedy = generate_text(
         model, {"params": params}, prompt, eos_id=tokenizer.eos_id, max_new_tokens=5
@@ -308,3 +307,28 @@ def test_data_parallel_matches_one_device(tmp_path):
     for (step_a, split_a, a), (step_b, split_b, b) in zip(losses(one), losses(four), strict=True):
         assert (step_a, split_a) == (step_b, split_b)
         assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_decode_options_come_from_the_config_once():
+    import dataclasses
+
+    from configs import default
+
+    config = default.get_config()
+    options = decoding.DecodeOptions.from_config(config)
+    assert options == decoding.DecodeOptions(
+        max_len=config.max_len,
+        bucket_lengths=tuple(config.bucket_lengths),
+        batch_size=config.decode_batch_size,
+        max_decode_len=config.max_decode_len,
+        beam_size=config.beam_size,
+        length_penalty=config.length_penalty,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        seed=config.seed,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beam_size = 4  # a flag makes a changed copy instead
+    wider = dataclasses.replace(options, beam_size=4)
+    assert wider.beam_size == 4 and options.beam_size == config.beam_size

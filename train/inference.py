@@ -18,7 +18,7 @@ from train.tokenizer import Tokenizer
 
 
 class TrainedModel(NamedTuple):
-    """A trained run, ready for `train.evaluate.translate` / `sample_text`."""
+    """A trained run, ready for `train.decoding.translate` / `sample_text`."""
 
     config: ml_collections.ConfigDict
     tokenizer: Tokenizer

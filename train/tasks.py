@@ -20,6 +20,7 @@ from flax import linen as nn
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from train import batching, distributed, evaluate
 from train.batching import WHOLE_BATCH, RowShare
+from train.decoding import DecodeOptions, sample_text
 from train.steps import drop_target_tokens
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
@@ -252,7 +253,8 @@ class LanguageModelTask(Task):
         prompts = list(config.sample_prompts)
         if not prompts:
             return {"samples": []}
-        outputs = evaluate.sample_text(model, params, dataset.tokenizer, prompts, config)
+        options = DecodeOptions.from_config(config)
+        outputs = sample_text(model, params, dataset.tokenizer, prompts, options)
         return {
             "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
         }
