@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import sharding
-from train import config_lib, optim, steps, tasks
+from train import config_lib, steps, tasks
 
 CONFIG_NAMES = sorted(
     p.stem
@@ -54,7 +54,7 @@ def test_paper_sizes_match_table_3(name):
 
 def test_paper_learning_rate_schedule():
     config = _config("transformer_base")
-    schedule = optim.learning_rate_schedule(config)
+    schedule = steps.learning_rate_schedule(config)
     for t in (1, 100, 4000, 10_000, 100_000):
         paper = 512**-0.5 * min(t**-0.5, t * 4000**-1.5)  # Vaswani et al. eq. 3
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)
@@ -72,7 +72,7 @@ def test_one_train_step_at_tiny_size(name):
     vocab = 50
     task = tasks.get_task(config.task)
     model = task.make_model(config_lib.model_config(config, vocab))
-    tx = optim.make_optimizer(config)
+    tx = steps.make_optimizer(config)
     mesh = sharding.make_mesh(data=-1)
     state = steps.create_train_state(model, task, tx, mesh, 0, config.rng_impl)
     before = jax.tree.map(np.asarray, state.params)

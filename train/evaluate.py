@@ -15,9 +15,7 @@ import ml_collections
 
 from train import distributed
 from train.decoding import DecodeOptions, translate
-from train.metrics import summarize
-
-_SUM_KEYS = ("loss", "nll", "correct", "tokens")
+from train.metrics import SUM_KEYS, summarize
 
 
 def evaluate_loss(
@@ -29,10 +27,10 @@ def evaluate_loss(
         `metrics.summarize` of the summed metrics: loss, nll, perplexity, accuracy, tokens
         (and bits_per_char when chars_per_token is given).
     """
-    sums = dict.fromkeys(_SUM_KEYS, 0.0)
+    sums = dict.fromkeys(SUM_KEYS, 0.0)
     pending = [eval_step(params, put_batch(batch)) for batch in batches]
     for step_sums in jax.device_get(pending):
-        for key in _SUM_KEYS:
+        for key in SUM_KEYS:
             sums[key] += float(step_sums[key])
     return summarize(sums, chars_per_token)
 

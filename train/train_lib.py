@@ -20,11 +20,16 @@ import jax.numpy as jnp
 import ml_collections
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, data, distributed, evaluate, input_pipeline, optim, steps
+from train import config_lib, data, distributed, evaluate, input_pipeline, steps
 from train.checkpoint import Checkpointer
-from train.metrics import MetricsWriter, plot_loss_curve
+from train.metrics import (
+    MetricsWriter,
+    TrainingDivergedError,
+    TrainLog,
+    plot_loss_curve,
+    progress_bar,
+)
 from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
-from train.train_log import TrainingDivergedError, TrainLog, progress_bar
 
 
 def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
@@ -162,7 +167,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     task = dataset.task
     model = task.make_model(config_lib.model_config(config, dataset.tokenizer.vocab_size))
-    tx = optim.make_optimizer(config)
+    tx = steps.make_optimizer(config)
     state = steps.create_train_state(model, task, tx, mesh, config.seed, config.rng_impl)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
@@ -186,7 +191,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
     )
     primary = distributed.is_primary()
     writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
-    log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
+    log = TrainLog(steps.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
 
     def run_eval(step: int) -> dict:
