@@ -215,8 +215,8 @@ def translation_batches(
         batch_size: rows B per batch for every bucket; or
         tokens_per_batch: B = tokens_per_batch // L per bucket (at least batch_size_multiple).
         batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
-        rng: shuffles examples and batch order (use `data.epoch_rng`); None keeps input order
-            with buckets ascending, for evaluation.
+        rng: shuffles examples and batch order (use `input_pipeline.epoch_rng`); None keeps
+            input order with buckets ascending, for evaluation.
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
         bos_id: prepended to `tgt_in`.
         eos_id: appended to `tgt_out`.

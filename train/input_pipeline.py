@@ -1,7 +1,9 @@
 """From an experiment config to token batches: corpus, split, tokenizer, batch stream.
 
-The corpora, splits, tokenizers and batching live in `train.data` / `train.tokenizer`; this
-module only wires them together as the config says, so that `train_lib` sees one object.
+The corpora and splits live in `train.corpora`, the tokenizers in `train.tokenizer`, the
+batching in `train.batching` (through the run's `train.tasks` Task); this module wires them
+together as the config says, so that `train_lib` sees one `Dataset`, checks the ids that
+enter the program, and streams the batches resumably (`EpochStream`).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ import dataclasses
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
 
 import ml_collections
 import numpy as np
 
-from train import data, hf_corpus
+from train import batching, corpora, hf_corpus
 from train.batching import WHOLE_BATCH, RowShare
 from train.rundir import RunDir
 from train.tasks import Task, get_task
@@ -25,6 +28,8 @@ from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 # learns little that generalises, and its validation scores are noise: worth a warning.
 MIN_TRAIN_EXAMPLES = 100
 
+T = TypeVar("T")
+
 
 @dataclasses.dataclass
 class Dataset:
@@ -33,7 +38,7 @@ class Dataset:
     Attributes:
         task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
-        build_epoch: rng -> one epoch of training batches (for `data.EpochStream`).
+        build_epoch: rng -> one epoch of training batches (for `EpochStream`).
         eval_batches: validation batches in a fixed order (at most num_eval_batches).
         valid_examples: validation texts: (source, target) pairs or lines.
         chars_per_token: validation characters per target token (EOS counted as one
@@ -62,19 +67,19 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
         FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
     """
     if config.corpus == "bible":
-        return data.load_bible_parallel(config.direction)
+        return corpora.load_bible_parallel(config.direction)
     if config.corpus == "kjv":
-        return data.load_kjv_lines()
+        return corpora.load_kjv_lines()
     if config.corpus == "kjv-web":
-        return data.load_kjv_web_pairs()
+        return corpora.load_kjv_web_pairs()
     if config.corpus == "tsv":
-        return data.read_parallel_tsv(config.corpus_path)
+        return corpora.read_parallel_tsv(config.corpus_path)
     if config.corpus == "hf":
         fields = [f for f in config.hf_fields.split(",") if f]
         return hf_corpus.load_hf_examples(
             config.hf_dataset, config.hf_config, config.hf_split, fields
         )
-    return data.read_text_lines(config.corpus_path)
+    return corpora.read_text_lines(config.corpus_path)
 
 
 def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
@@ -207,7 +212,9 @@ def build_dataset(
             f"--config.batch_size={config.batch_size} must be a multiple of the {share.count} "
             "processes the batch is split over."
         )
-    splits = data.split_examples(load_examples(config), config.valid_fraction, config.test_fraction)
+    splits = corpora.split_examples(
+        load_examples(config), config.valid_fraction, config.test_fraction
+    )
     if not splits.train or not splits.valid:
         raise ValueError(
             f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
@@ -222,12 +229,16 @@ def build_dataset(
         copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
     for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
-        data.check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
+        check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
     valid_texts = list(splits.valid)
     dropped = 0
     if not config.packed:
-        train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task.example_length)
-        copies, dropped_copies = data.filter_by_length(copies, config.max_len, task.example_length)
+        train_ids, dropped = batching.filter_by_length(
+            train_ids, config.max_len, task.example_length
+        )
+        copies, dropped_copies = batching.filter_by_length(
+            copies, config.max_len, task.example_length
+        )
         dropped += dropped_copies
         fits = [task.example_length(ids) <= config.max_len for ids in valid_ids]
         valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
@@ -272,3 +283,127 @@ def build_dataset(
         },
         fingerprint=fingerprint,
     )
+
+
+def check_token_ids(ids, vocab_size: int, where: str) -> None:
+    """Raises if any id lies outside [0, vocab_size); call where data enters the program.
+
+    JAX gathers clamp out-of-range indices, so a bad id would silently read another embedding.
+
+    Args:
+        ids: array-like of integer ids, any shape.
+        vocab_size: the model's vocabulary size.
+        where: what the ids are (e.g. "train batch 'src'"), for the message.
+
+    Raises:
+        ValueError: names the first offending id, its position and the vocab size.
+    """
+    array = np.asarray(ids)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{where}: token ids must be integers, got dtype {array.dtype}.")
+    bad = np.argwhere((array < 0) | (array >= vocab_size))
+    if bad.size:
+        position = tuple(int(i) for i in bad[0])
+        raise ValueError(
+            f"{where}: token id {int(array[position])} at position {position} is outside "
+            f"[0, {vocab_size}); the tokenizer and the model's vocab_size={vocab_size} disagree."
+        )
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random generator for one epoch: a function of (seed, epoch) only.
+
+    Args:
+        seed: non-negative run seed.
+        epoch: non-negative epoch number.
+
+    Returns:
+        A fresh numpy Generator seeded with [seed, epoch].
+    """
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed={seed} and epoch={epoch} must be non-negative.")
+    return np.random.default_rng([seed, epoch])
+
+
+class EpochStream(Generic[T]):
+    """An endless stream of items (batches), reshuffled every epoch, resumable exactly.
+
+    Epoch e's items are `build_epoch(epoch_rng(seed, e))`, so they depend only on the seed
+    and the epoch. The state is {'epoch': e, 'position': p}: the next item is item p of epoch
+    e. Restoring a saved state (e.g. from JSON) continues the stream exactly where it stopped.
+    """
+
+    def __init__(
+        self,
+        build_epoch: Callable[[np.random.Generator], Sequence[T]],
+        *,
+        seed: int,
+        state: Mapping[str, int] | None = None,
+    ):
+        """Creates the stream.
+
+        Args:
+            build_epoch: makes one epoch's items from its generator; must be deterministic.
+            seed: non-negative run seed.
+            state: a `state_dict()` saved earlier; None starts at epoch 0, position 0.
+        """
+        self._build_epoch = build_epoch
+        self._seed = seed
+        self._epoch = 0
+        self._position = 0
+        self._items: Sequence[T] | None = None
+        if state is not None:
+            self.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position of the next item: {'epoch': int, 'position': int}."""
+        return {"epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Moves the stream to a saved position.
+
+        Args:
+            state: {'epoch': e, 'position': p} with e, p non-negative integers.
+
+        Raises:
+            ValueError: the state is malformed.
+        """
+        epoch, position = state.get("epoch"), state.get("position")
+        if set(state) != {"epoch", "position"} or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, position)
+        ):
+            raise ValueError(
+                f"Stream state {dict(state)} must be {{'epoch': int >= 0, 'position': int >= 0}} "
+                "as written by EpochStream.state_dict(); delete the saved state to start over."
+            )
+        self._epoch, self._position, self._items = epoch, position, None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next item comes from."""
+        return self._epoch
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._items is None:
+            self._items = self._build_epoch(epoch_rng(self._seed, self._epoch))
+            if not self._items:
+                raise ValueError(
+                    f"Epoch {self._epoch} has no items: the data set is empty or every batch "
+                    "was dropped (check drop_remainder and the batch size)."
+                )
+        if self._position >= len(self._items):
+            if self._position > len(self._items):
+                raise ValueError(
+                    f"Stream state position={self._position} is past the end of epoch "
+                    f"{self._epoch} ({len(self._items)} items): the data or batching changed "
+                    "since the state was saved; delete the saved state to start over."
+                )
+            self._epoch, self._position = self._epoch + 1, 0
+            self._items = None
+            return next(self)
+        item = self._items[self._position]
+        self._position += 1
+        return item

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, data, distributed, evaluate, input_pipeline, steps
+from train import config_lib, distributed, evaluate, input_pipeline, steps
 from train.checkpoint import Checkpointer
 from train.metrics import (
     MetricsWriter,
@@ -176,7 +176,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
-    stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
+    stream = input_pipeline.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
     train_step, eval_step, put_batch = steps.jit_steps(
         model,
         task,
