@@ -29,8 +29,24 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.dropout_rate = 0.0  # residual/embedding dropout; 0 here: a short CPU run underfits
     model.attention_dropout_rate = 0.0  # dropout on attention weights
     model.norm_position = "pre"  # 'pre' (stable without long warm-up) or 'post' (the paper)
-    model.positional = "sinusoidal"  # 'sinusoidal' (paper) or 'learned'
-    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh'
+    model.positional = "sinusoidal"  # 'sinusoidal' (paper), 'learned' (GPT-2) or 'rope'
+    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or
+    # gated (three kernels of hidden width d_ff): 'swiglu' (Llama), 'geglu'
+    model.norm = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
+    model.layer_norm_eps = 1e-5  # epsilon of either norm
+    model.final_norm = placeholder(bool)  # a norm after each stack; None: only for pre-norm
+    model.num_kv_heads = placeholder(int)  # key/value heads (divides num_heads; 1 = multi-
+    # query); None: num_heads (plain multi-head attention)
+    model.rope_base = 10000.0  # positional='rope': the rotary frequency base (Llama: 1e4, 5e5)
+    model.use_bias = True  # biases in projections, feed-forward and LayerNorm
+    model.attention_bias = placeholder(bool)  # Q/K/V/output projection biases; None: use_bias
+    model.ffn_bias = placeholder(bool)  # feed-forward biases; None: use_bias
+    model.norm_bias = placeholder(bool)  # LayerNorm shift; None: use_bias
+    model.output_bias = False  # a bias on the logits
+    model.scale_embeddings = True  # token embeddings times sqrt(d_model) (paper 3.4)
+    model.embed_init_std = 0.02  # normal init std of token embeddings
+    model.init_std = 0.02  # normal init std of the projection kernels
+    model.attention_impl = "xla"  # 'xla' (ours, sows weights) or 'jax_nn' (fused kernels)
     model.share_embeddings = True  # one embedding for source and target (shared vocabulary)
     model.tie_output_embedding = True  # output projection = target embedding transposed
     model.dtype = "float32"  # compute dtype ('bfloat16' on accelerators)

@@ -7,6 +7,7 @@ so a bad override is fixed where it was made.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -232,13 +233,22 @@ def changed_identity_fields(
         Names like 'model.d_model' or 'vocab_size', empty when the run may resume.
     """
     now = current.to_dict()
+    # A model field that an older config.json lacks had the model's default then.
+    model_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(TransformerConfig)
+        if f.default is not dataclasses.MISSING
+    }
     changed = []
     for field in IDENTITY_FIELDS:
         old, new = saved.get(field), now.get(field)
         if isinstance(new, dict):
             old = old or {}
+            defaults = model_defaults if field == "model" else {}
             changed += [
-                f"{field}.{k}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+                f"{field}.{k}"
+                for k in sorted(set(old) | set(new))
+                if old.get(k, defaults.get(k)) != new.get(k, defaults.get(k))
             ]
         elif old != new:
             changed.append(field)
