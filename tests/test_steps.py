@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import steps
+from train import steps, tasks
 from train.tasks import TASKS
 
 TRANSLATION = TASKS["translation"]
@@ -24,7 +24,7 @@ def _targets(rows=64, length=40, seed=0):
 
 def test_word_dropout_rate_zero_is_identity():
     tgt_in = _targets()
-    out = steps.drop_target_tokens(tgt_in, 0.0, jax.random.key(0), unk_id=UNK, pad_id=PAD)
+    out = tasks.drop_target_tokens(tgt_in, 0.0, jax.random.key(0), unk_id=UNK, pad_id=PAD)
     np.testing.assert_array_equal(out, tgt_in)
 
 
@@ -32,7 +32,7 @@ def test_word_dropout_rate_zero_is_identity():
 def test_word_dropout_replaces_that_share_and_keeps_bos_and_padding(rate):
     tgt_in = _targets()
     out = np.asarray(
-        steps.drop_target_tokens(tgt_in, rate, jax.random.key(1), unk_id=UNK, pad_id=PAD)
+        tasks.drop_target_tokens(tgt_in, rate, jax.random.key(1), unk_id=UNK, pad_id=PAD)
     )
     tgt_in = np.asarray(tgt_in)
     np.testing.assert_array_equal(out[:, 0], tgt_in[:, 0])  # BOS stays

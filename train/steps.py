@@ -162,30 +162,6 @@ def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
     }
 
 
-def drop_target_tokens(
-    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
-) -> jax.Array:
-    """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
-
-    The decoder can then predict less from its own prefix and must read the source: it
-    learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
-    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
-    the labels are untouched.
-
-    Args:
-        tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
-        rate: replacement probability in [0, 1).
-        key: PRNG key.
-        unk_id, pad_id: the tokenizer's unknown and padding ids.
-
-    Returns:
-        `(B, T)` ids of the same dtype.
-    """
-    drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
-    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
-    return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
-
-
 def train_step(
     state: TrainState,
     batch: dict[str, jax.Array],
@@ -206,7 +182,7 @@ def train_step(
         state: the TrainState.
         batch: int32 `(B, L)` arrays ('src', 'tgt_in', 'tgt_out' or 'inputs', 'targets').
         model, task, tx, label_smoothing, rng_impl: bound with functools.partial.
-        target_token_dropout: `drop_target_tokens` rate for the task's decoder inputs
+        target_token_dropout: word-dropout rate of the task's decoder inputs
             (translation only; 0 = off).
         unk_id: the id that dropped decoder inputs become.
 

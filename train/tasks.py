@@ -21,7 +21,6 @@ from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerCon
 from train import batching, distributed, evaluate
 from train.batching import WHOLE_BATCH, RowShare
 from train.decoding import DecodeOptions, sample_text
-from train.steps import drop_target_tokens
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -32,6 +31,30 @@ Batch = dict[str, np.ndarray]
 def bucket_lengths(config: ml_collections.ConfigDict) -> tuple[int, ...]:
     """The config's bucket lengths, or the default ones up to max_len."""
     return tuple(config.bucket_lengths) or batching.default_bucket_lengths(config.max_len)
+
+
+def drop_target_tokens(
+    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
+) -> jax.Array:
+    """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
+
+    The decoder can then predict less from its own prefix and must read the source: it
+    learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
+    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
+    the labels are untouched.
+
+    Args:
+        tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
+        rate: replacement probability in [0, 1).
+        key: PRNG key.
+        unk_id, pad_id: the tokenizer's unknown and padding ids.
+
+    Returns:
+        `(B, T)` ids of the same dtype.
+    """
+    drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
+    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
+    return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
 
 
 class Task:
