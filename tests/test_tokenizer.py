@@ -37,7 +37,9 @@ def _tiny_corpus() -> list[str]:
 def spm_dir(tmp_path_factory):
     """A directory holding a model trained once for the module."""
     workdir = tmp_path_factory.mktemp("spm")
-    SentencePieceTokenizer.train_or_load(_tiny_corpus(), workdir, SMALL_VOCAB)
+    SentencePieceTokenizer.train_or_load(
+        _tiny_corpus(), workdir / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+    )
     return workdir
 
 
@@ -75,7 +77,9 @@ def test_byte_decode_rejects_out_of_range(bad_id):
 
 
 def test_spm_special_ids_and_vocab(spm_dir):
-    tok = SentencePieceTokenizer.train_or_load([], spm_dir, SMALL_VOCAB)
+    tok = SentencePieceTokenizer.train_or_load(
+        [], spm_dir / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+    )
     assert (tok.pad_id, tok.bos_id, tok.eos_id, tok.unk_id) == (PAD_ID, BOS_ID, EOS_ID, UNK_ID)
     assert tok.vocab_size == SMALL_VOCAB
     pieces = [tok._sp.IdToPiece(i) for i in range(4)]
@@ -105,14 +109,18 @@ def test_spm_cache_is_reused_not_retrained(spm_dir):
         raise AssertionError("texts consumed although a cached model exists")
         yield  # pragma: no cover
 
-    tok = SentencePieceTokenizer.train_or_load(must_not_be_read(), spm_dir, SMALL_VOCAB)
+    tok = SentencePieceTokenizer.train_or_load(
+        must_not_be_read(), spm_dir / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+    )
     assert not tok.was_trained
     assert os.stat(path).st_mtime_ns == mtime
     assert sorted(p.name for p in spm_dir.iterdir()) == [path.name]  # no temp files left
 
 
 def test_spm_first_call_trains(tmp_path):
-    tok = SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path / "new", SMALL_VOCAB)
+    tok = SentencePieceTokenizer.train_or_load(
+        _tiny_corpus(), tmp_path / "new" / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+    )
     assert tok.was_trained
     assert (tmp_path / "new" / f"spm_{SMALL_VOCAB}.model").is_file()
 
@@ -126,7 +134,9 @@ def test_spm_corrupt_model_names_path_and_says_delete(tmp_path):
     path = tmp_path / f"spm_{SMALL_VOCAB}.model"
     path.write_bytes(b"not a sentencepiece model")
     with pytest.raises(ValueError, match=rf"{path.name} is corrupt.*delete it"):
-        SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path, SMALL_VOCAB)
+        SentencePieceTokenizer.train_or_load(
+            _tiny_corpus(), tmp_path / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+        )
 
 
 def test_spm_model_with_other_special_ids_is_rejected(tmp_path):
@@ -145,18 +155,20 @@ def test_spm_model_with_other_special_ids_is_rejected(tmp_path):
 
 def test_spm_vocab_too_large_for_corpus(tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size=5000 .*failed.*choose a vocab_size"):
-        SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path, 5000)
+        SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path / "spm_5000.model", 5000)
     assert not any(tmp_path.iterdir())
 
 
 def test_spm_vocab_not_above_specials(tmp_path):
     with pytest.raises(ValueError, match=r"vocab_size=4 must exceed the 4 special ids"):
-        SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path, 4)
+        SentencePieceTokenizer.train_or_load(_tiny_corpus(), tmp_path / "spm_4.model", 4)
 
 
 def test_spm_without_text(tmp_path):
     with pytest.raises(ValueError, match=r"No non-empty text.*training split"):
-        SentencePieceTokenizer.train_or_load(["", "  "], tmp_path, SMALL_VOCAB)
+        SentencePieceTokenizer.train_or_load(
+            ["", "  "], tmp_path / f"spm_{SMALL_VOCAB}.model", SMALL_VOCAB
+        )
 
 
 def test_spm_decode_rejects_out_of_range(spm_dir):

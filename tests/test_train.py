@@ -13,8 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import evaluate, inference, metrics, train_lib
-from train.checkpoint import checkpoint_dir
+from train import decoding, evaluate, inference, metrics, train_lib
+from train.rundir import RunDir
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
 # asyncio loop; it surfaces later, at garbage collection, as an unraisable "Exception ignored
@@ -50,7 +50,7 @@ def trained_run(tmp_path_factory):
 
 def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     _, workdir, results = trained_run
-    records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    records = metrics.read_metrics(RunDir(workdir).metrics)
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(10, 301, 10))
     assert train[-1]["loss"] < 0.5 * train[0]["loss"]
@@ -74,7 +74,7 @@ def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     for name in ("loss_curve.png", "results.json", "config.json"):
         assert (workdir / name).is_file()
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
-    assert sorted(int(p.name) for p in checkpoint_dir(workdir).iterdir()) == [150, 300]
+    assert sorted(int(p.name) for p in RunDir(workdir).checkpoints.iterdir()) == [150, 300]
 
 
 def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
@@ -99,8 +99,9 @@ def test_translate_from_checkpoint(trained_run):
     trained = inference.load_trained(workdir)
     assert trained.step == 300 and trained.config.task == "translation"
     sample = results["samples"][0]
-    outputs = evaluate.translate(
-        trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], trained.config
+    options = decoding.DecodeOptions.from_config(trained.config)
+    outputs = decoding.translate(
+        trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], options
     )
     assert outputs[0] == sample["model"] and isinstance(outputs[1], str)
 
@@ -120,7 +121,7 @@ def _kill_at(step_to_die):
 def _saved_state(workdir, step):
     """The raw checkpointed TrainState tree (params, opt state, rng, step) as numpy."""
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(checkpoint_dir(workdir) / str(step) / "state")
+        return checkpointer.restore(RunDir(workdir).checkpoints / str(step) / "state")
 
 
 def test_resume_after_kill_is_bit_identical(tmp_path):
@@ -137,7 +138,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
     interrupted = tmp_path / "interrupted"
     with pytest.raises(_Killed):  # dies at step 6, after the checkpoint of step 4
         train_lib.train_and_evaluate(config, str(interrupted), step_callback=_kill_at(6))
-    assert sorted(p.name for p in checkpoint_dir(interrupted).iterdir()) == ["4"]
+    assert sorted(p.name for p in RunDir(interrupted).checkpoints.iterdir()) == ["4"]
     train_lib.train_and_evaluate(config, str(interrupted))  # the same call again: resumes
 
     a, b = _saved_state(straight, 8), _saved_state(interrupted, 8)
@@ -146,7 +147,7 @@ def test_resume_after_kill_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
 
     def logged(workdir):
-        records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+        records = metrics.read_metrics(RunDir(workdir).metrics)
         for record in records:
             record.pop("tokens_per_sec", None)
         return records
@@ -167,7 +168,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     with pytest.raises(train_lib.TrainingDivergedError, match=r"at step 2\b") as err:
         train_lib.train_and_evaluate(config, str(tmp_path / "run"))
     assert "last good checkpoint (step 1)" in str(err.value)
-    assert [p.name for p in checkpoint_dir(tmp_path / "run").iterdir()] == ["1"]
+    assert [p.name for p in RunDir(tmp_path / "run").checkpoints.iterdir()] == ["1"]
 
 
 def test_language_model_run_reports_bits_per_char(tmp_path):
@@ -191,8 +192,6 @@ def test_language_model_run_reports_bits_per_char(tmp_path):
 def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
     """generate_text refuses top_k/top_p with temperature 0; the program's greedy samples
     (configs/lm_kjv.py has top_k=40) pass them only when it samples."""
-    import ml_collections
-
     from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
     from train.tokenizer import ByteTokenizer
 
@@ -208,10 +207,10 @@ def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
         )
     )
     params = jax.jit(model.init)(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
-    config = ml_collections.ConfigDict(
-        dict(max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0)
+    options = decoding.DecodeOptions(
+        max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0
     )
-    (text,) = evaluate.sample_text(model, params, tokenizer, ["ab"], config)
+    (text,) = decoding.sample_text(model, params, tokenizer, ["ab"], options)
     prompt = np.array([[tokenizer.bos_id, *tokenizer.encode("ab")]])
     greedy = generate_text(
         model, {"params": params}, prompt, eos_id=tokenizer.eos_id, max_new_tokens=5
@@ -235,7 +234,7 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
     shutil.copytree(workdir, copy)
     # Both checkpoints: a damaged latest one alone is moved aside and the run resumes from
     # the one before (tests/test_train_robustness.py).
-    for path in checkpoint_dir(copy).rglob("*"):
+    for path in RunDir(copy).checkpoints.rglob("*"):
         if path.is_file() and "manifest" in path.name:
             path.write_bytes(b"garbage")
     longer = config.copy_and_resolve_references()  # the fixture's config stays as it is
@@ -246,10 +245,10 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
 
 def test_rerunning_a_finished_run_prints_its_results(trained_run, capsys):
     config, workdir, results = trained_run
-    records = (workdir / metrics.METRICS_FILE).read_text()
+    records = (RunDir(workdir).metrics).read_text()
     assert train_lib.train_and_evaluate(config, str(workdir)) == results
     assert "BLEU" in capsys.readouterr().out
-    assert (workdir / metrics.METRICS_FILE).read_text() == records  # nothing re-logged
+    assert (RunDir(workdir).metrics).read_text() == records  # nothing re-logged
 
 
 def test_config_json_records_the_run(trained_run):
@@ -302,10 +301,34 @@ def test_data_parallel_matches_one_device(tmp_path):
 
     def losses(workdir):
         return [
-            (r["step"], r["split"], r["nll"])
-            for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)
+            (r["step"], r["split"], r["nll"]) for r in metrics.read_metrics(RunDir(workdir).metrics)
         ]
 
     for (step_a, split_a, a), (step_b, split_b, b) in zip(losses(one), losses(four), strict=True):
         assert (step_a, split_a) == (step_b, split_b)
         assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_decode_options_come_from_the_config_once():
+    import dataclasses
+
+    from configs import default
+
+    config = default.get_config()
+    options = decoding.DecodeOptions.from_config(config)
+    assert options == decoding.DecodeOptions(
+        max_len=config.max_len,
+        bucket_lengths=tuple(config.bucket_lengths),
+        batch_size=config.decode_batch_size,
+        max_decode_len=config.max_decode_len,
+        beam_size=config.beam_size,
+        length_penalty=config.length_penalty,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        seed=config.seed,
+    )
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.beam_size = 4  # a flag makes a changed copy instead
+    wider = dataclasses.replace(options, beam_size=4)
+    assert wider.beam_size == 4 and options.beam_size == config.beam_size

@@ -7,6 +7,7 @@ import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
 from train import config_lib, corpora, input_pipeline, train_lib
+from train.rundir import RunDir
 from train.tokenizer import ByteTokenizer
 
 
@@ -118,11 +119,11 @@ def test_out_of_range_token_id_is_caught_where_data_enters(tmp_path, monkeypatch
     monkeypatch.setattr(ByteTokenizer, "encode", lambda self, text: [300])
     config = tiny_config(write_tiny_tsv(tmp_path))
     with pytest.raises(ValueError, match=r"token id 300 .* outside \[0, 260\)"):
-        input_pipeline.build_dataset(config, tmp_path)
+        input_pipeline.build_dataset(config, RunDir(tmp_path))
 
 
 def test_corpus_too_small_to_split(tmp_path):
     one_pair = tmp_path / "one.tsv"
     one_pair.write_text("a\tb\n")
     with pytest.raises(ValueError, match="both must be non-empty"):
-        input_pipeline.build_dataset(tiny_config(one_pair), tmp_path)
+        input_pipeline.build_dataset(tiny_config(one_pair), RunDir(tmp_path))

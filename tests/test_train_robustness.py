@@ -13,11 +13,10 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import config_lib, inference, input_pipeline, metrics, train_lib
-from train import workdir as workdir_lib
-from train.checkpoint import checkpoint_dir
+from train import config_lib, inference, input_pipeline, metrics, rundir, train_lib
 from train.cli import RUN_ERROR, USAGE_ERROR
 from train.errors import CheckpointError, RunFailure
+from train.rundir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -109,9 +108,9 @@ def test_unwritable_workdir_is_a_run_failure(tmp_path, monkeypatch):
     def read_only(*args, **kwargs):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-    monkeypatch.setattr(workdir_lib.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(rundir.tempfile, "mkstemp", read_only)
     with pytest.raises(RunFailure, match=r"--workdir .*run: cannot write there \(Read-only"):
-        workdir_lib.prepare_workdir(tmp_path / "run")
+        rundir.prepare_workdir(tmp_path / "run")
 
 
 def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
@@ -150,19 +149,19 @@ def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
     config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=4)
     workdir = tmp_path / "run"
     train_lib.train_and_evaluate(config, str(workdir))
-    before = metrics.read_metrics(workdir / metrics.METRICS_FILE)
-    (workdir / train_lib.RESULTS_FILE).unlink()
+    before = metrics.read_metrics(RunDir(workdir).metrics)
+    RunDir(workdir).results.unlink()
     train_lib.train_and_evaluate(config, str(workdir))
-    after = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    after = metrics.read_metrics(RunDir(workdir).metrics)
     keys = [(r["step"], r["split"]) for r in after]
     assert len(keys) == len(set(keys)), keys
     assert after == before
-    assert (workdir / train_lib.RESULTS_FILE).is_file()
+    assert RunDir(workdir).results.is_file()
 
 
 _HOLD_LOCK = (
     "import sys, time\n"
-    "from train.workdir import WorkdirLock\n"
+    "from train.rundir import WorkdirLock\n"
     "with WorkdirLock(sys.argv[1]):\n"
     "    print('locked', flush=True)\n"
     "    time.sleep(120)\n"
@@ -192,21 +191,21 @@ def test_second_run_on_a_locked_workdir_exits_naming_the_holder(tmp_path):
         holder.kill()  # SIGKILL: the kernel releases the flock, the lock file stays
         holder.wait()
     # A lock file left by a killed run is not stale: the next run takes the lock.
-    assert (workdir / workdir_lib.LOCK_FILE).exists()
-    with workdir_lib.WorkdirLock(workdir):
+    assert RunDir(workdir).lock.exists()
+    with rundir.WorkdirLock(workdir):
         pass
 
 
 def test_atomic_write_leaves_the_old_file_when_interrupted(tmp_path, monkeypatch):
     path = tmp_path / "results.json"
-    workdir_lib.atomic_write_text(path, "old\n")
+    rundir.atomic_write_text(path, "old\n")
 
     def killed(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(workdir_lib.os, "replace", killed)
+    monkeypatch.setattr(rundir.os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        workdir_lib.atomic_write_text(path, "new\n")
+        rundir.atomic_write_text(path, "new\n")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temp file left
 
@@ -250,7 +249,7 @@ def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run,
     run, _ = finished_run
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
-    for path in checkpoint_dir(workdir).rglob("manifest.ocdbt"):
+    for path in RunDir(workdir).checkpoints.rglob("manifest.ocdbt"):
         path.write_bytes(b"garbage")
     result = subprocess.run(
         [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
@@ -261,7 +260,9 @@ def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run,
     )
     assert result.returncode == RUN_ERROR
     line = _one_error_line(result)
-    assert line.startswith(f"error: Checkpoint {checkpoint_dir(workdir) / '2'} cannot be restored")
+    assert line.startswith(
+        f"error: Checkpoint {RunDir(workdir).checkpoints / '2'} cannot be restored"
+    )
     assert line.endswith(
         "; it is damaged: rerun `python -m train.main` on this work directory to resume from "
         "an older checkpoint, or retrain."
@@ -272,7 +273,7 @@ def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run,
 def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, caplog):
     config = tiny_config(write_tiny_tsv(tmp_path, num_pairs=num_pairs))
     with caplog.at_level(logging.WARNING):
-        dataset = input_pipeline.build_dataset(config, tmp_path)
+        dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
     found = [r.getMessage() for r in caplog.records if "training examples" in r.getMessage()]
     if warned:
         assert found == [
@@ -287,7 +288,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
     config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=8, bleu_examples=0)
     workdir = tmp_path / "run"
     train_lib.train_and_evaluate(config, str(workdir))
-    ckpts = checkpoint_dir(workdir)
+    ckpts = RunDir(workdir).checkpoints
     assert sorted(p.name for p in ckpts.iterdir()) == ["4", "8"]
     # A disk that filled up: every array data file of checkpoint 8 cut to half its size.
     data_files = [p for p in (ckpts / "8" / "state").rglob("d/*") if p.is_file()]
@@ -313,7 +314,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
     assert reports[0].endswith(f"moved it to {ckpts / '8.corrupt'} and resumed from step 4.")
     assert results["step"] == 12
     assert sorted(p.name for p in ckpts.iterdir()) == ["12", "8", "8.corrupt"]
-    steps = [r["step"] for r in metrics.read_metrics(workdir / metrics.METRICS_FILE)]
+    steps = [r["step"] for r in metrics.read_metrics(RunDir(workdir).metrics)]
     assert steps == sorted(steps)  # the records after step 4 were rewritten, not repeated
 
 
@@ -327,7 +328,7 @@ def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     changed.num_train_steps = 6
     with pytest.raises(CheckpointError, match="damaged or from a different config"):
         train_lib.train_and_evaluate(changed, str(workdir))
-    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]
+    assert sorted(p.name for p in RunDir(workdir).checkpoints.iterdir()) == ["4"]
 
 
 def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
@@ -408,12 +409,12 @@ def _final_state(workdir, step):
     import orbax.checkpoint as ocp
 
     with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(checkpoint_dir(workdir) / str(step) / "state")
+        return checkpointer.restore(RunDir(workdir).checkpoints / str(step) / "state")
 
 
 def _records(workdir):
     """The metrics records of a run, without the wall-clock ones."""
-    records = metrics.read_metrics(workdir / metrics.METRICS_FILE)
+    records = metrics.read_metrics(RunDir(workdir).metrics)
     for record in records:
         record.pop("tokens_per_sec", None)
     return records
@@ -437,14 +438,14 @@ def test_sigkill_at_any_moment_resumes_to_the_same_state(tmp_path):
     assert _run_killed(args, kill_at="replace:config.json") == -9
     assert not (workdir / "config.json").exists()
     assert _run_killed(args, kill_at="checkpoint:8") == -9
-    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == [
+    assert sorted(p.name for p in RunDir(workdir).checkpoints.iterdir()) == [
         "4",
         "8.orbax-checkpoint-tmp",
     ]
     delay = np.random.default_rng(12).uniform(1.0, 6.0)
     _run_killed(args, kill_after_s=delay)  # may also have finished its work by then
     assert _run_killed(args, kill_at="replace:results.json") == -9
-    assert not (workdir / train_lib.RESULTS_FILE).exists()
+    assert not RunDir(workdir).results.exists()
     assert _run_killed(args) == 0
 
     a, b = _final_state(straight, 12), _final_state(workdir, 12)
@@ -452,7 +453,7 @@ def test_sigkill_at_any_moment_resumes_to_the_same_state(tmp_path):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
     assert _records(workdir) == _records(straight)  # none lost, none repeated
-    done = [train_lib.RESULTS_FILE, "config.json", "data_fingerprint.json"]
+    done = [RunDir(workdir).results.name, "config.json", "data_fingerprint.json"]
     for name in done:
         assert (workdir / name).read_text() == (straight / name).read_text().replace(
             str(straight), str(workdir)
@@ -474,7 +475,7 @@ def test_changed_corpus_is_refused_on_resume(tmp_path):
     longer.num_train_steps = 8
     with pytest.raises(ValueError, match=r"holds checkpoints trained on other data: \d+ train"):
         train_lib.train_and_evaluate(longer, str(workdir))
-    assert sorted(p.name for p in checkpoint_dir(workdir).iterdir()) == ["4"]  # untouched
+    assert sorted(p.name for p in RunDir(workdir).checkpoints.iterdir()) == ["4"]  # untouched
 
 
 def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
@@ -497,7 +498,9 @@ def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
     )
     assert result.returncode == RUN_ERROR
     line = _one_error_line(result)
-    assert line.startswith(f"error: Could not write checkpoint 2 in {checkpoint_dir(workdir)} (")
+    assert line.startswith(
+        f"error: Could not write checkpoint 2 in {RunDir(workdir).checkpoints} ("
+    )
     assert "File too large" in line
     assert line.endswith(
         "; free disk space or fix the cause, then rerun the same command: it starts over."

@@ -16,7 +16,8 @@ of P is rows [p*B/P, (p+1)*B/P) of the batch a single process would build.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,6 @@ from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
 # Shortest default bucket: below this, bucketing saves less than it costs in compiles.
 MIN_BUCKET_LENGTH = 8
 ON_TOO_LONG = ("drop", "error")
-TASKS = ("translation", "lm")
 
 Batch = dict[str, np.ndarray]
 Pair = tuple[Sequence[int], Sequence[int]]
@@ -84,33 +84,30 @@ def default_bucket_lengths(max_len: int, min_len: int = MIN_BUCKET_LENGTH) -> tu
     return (*lengths, max_len)
 
 
-def example_length(example, task: str) -> int:
-    """Padded length an example needs.
+def pair_length(pair: Pair) -> int:
+    """Padded length a (src_ids, tgt_ids) pair needs (no BOS/EOS in the ids): the longer of
+    the source and BOS + target."""
+    src, tgt = pair
+    return max(len(src), len(tgt) + 1)
 
-    Args:
-        example: (src_ids, tgt_ids) for "translation", ids for "lm" (no BOS/EOS).
-        task: "translation" or "lm".
 
-    Returns:
-        max(len(src), len(tgt) + 1) for translation (tgt_in is BOS + tgt), len(ids) + 1 for lm.
-    """
-    if task == "translation":
-        src, tgt = example
-        return max(len(src), len(tgt) + 1)
-    if task == "lm":
-        return len(example) + 1
-    raise ValueError(f"task={task!r} is not one of {TASKS}.")
+def document_length(ids: Sequence[int]) -> int:
+    """Padded length a language-model document needs (no BOS/EOS in the ids): BOS + ids."""
+    return len(ids) + 1
 
 
 def filter_by_length(
-    examples: Sequence, max_len: int, task: str, on_too_long: str = "drop"
+    examples: Sequence,
+    max_len: int,
+    length: Callable[[Any], int],
+    on_too_long: str = "drop",
 ) -> tuple[list, int]:
     """Removes examples longer than `max_len`, or raises; never clips.
 
     Args:
-        examples: (src_ids, tgt_ids) pairs for task "translation", id lists for "lm".
-        max_len: longest padded length allowed (see `example_length`).
-        task: "translation" or "lm".
+        examples: (src_ids, tgt_ids) pairs or id lists.
+        max_len: longest padded length allowed.
+        length: an example's padded length (`pair_length`, `document_length`).
         on_too_long: "drop" to remove them and report how many, "error" to raise.
 
     Returns:
@@ -123,12 +120,12 @@ def filter_by_length(
         raise ValueError(f"on_too_long={on_too_long!r} is not one of {ON_TOO_LONG}.")
     kept = []
     for index, example in enumerate(examples):
-        length = example_length(example, task)
-        if length <= max_len:
+        needed = length(example)
+        if needed <= max_len:
             kept.append(example)
         elif on_too_long == "error":
             raise ValueError(
-                f"Example {index} needs length {length} > max_len={max_len}; raise max_len or "
+                f"Example {index} needs length {needed} > max_len={max_len}; raise max_len or "
                 "pass on_too_long='drop'."
             )
     return kept, len(examples) - len(kept)
@@ -218,8 +215,8 @@ def translation_batches(
         batch_size: rows B per batch for every bucket; or
         tokens_per_batch: B = tokens_per_batch // L per bucket (at least batch_size_multiple).
         batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
-        rng: shuffles examples and batch order (use `data.epoch_rng`); None keeps input order
-            with buckets ascending, for evaluation.
+        rng: shuffles examples and batch order (use `input_pipeline.epoch_rng`); None keeps
+            input order with buckets ascending, for evaluation.
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
         bos_id: prepended to `tgt_in`.
         eos_id: appended to `tgt_out`.
@@ -230,7 +227,7 @@ def translation_batches(
         Batches {'src', 'tgt_in', 'tgt_out'}, each int32 (B, L) (B / share.count rows of
         the share).
     """
-    lengths = [example_length(pair, "translation") for pair in pairs]
+    lengths = [pair_length(pair) for pair in pairs]
     sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
     batches = []
     for length, global_rows, members in _plan(lengths, bucket_lengths, sizes, rng, drop_remainder):
@@ -280,7 +277,7 @@ def lm_batches(
     Returns:
         Batches {'inputs', 'targets'}, each int32 (B, L) (B / share.count rows of the share).
     """
-    lengths = [example_length(sequence, "lm") for sequence in sequences]
+    lengths = [document_length(sequence) for sequence in sequences]
     sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
     plan = _plan(lengths, bucket_lengths, sizes, rng, drop_remainder)
     batches = []

@@ -25,19 +25,14 @@ import orbax.checkpoint as ocp
 
 from train import distributed
 from train.errors import CheckpointError, CheckpointWriteError
+from train.rundir import RunDir
 
-CHECKPOINT_DIR = "checkpoints"
 # Suffix of a damaged checkpoint moved aside (orbax ignores names that are not step numbers).
 CORRUPT_SUFFIX = ".corrupt"
 # Characters of the underlying error kept at each end of a one-line report (TensorStore puts
 # the file first and the cause, such as 'File too large', last).
 _CAUSE_CHARS_EACH_END = 90
 _STATE, _PROGRESS = "state", "progress"
-
-
-def checkpoint_dir(workdir: str | os.PathLike) -> pathlib.Path:
-    """Where a run's checkpoints live: `workdir/checkpoints`."""
-    return pathlib.Path(workdir).absolute() / CHECKPOINT_DIR
 
 
 def _one_line(err: BaseException) -> str:
@@ -60,7 +55,7 @@ class Checkpointer:
             keep: the number of most recent checkpoints kept.
             read_only: True to only restore (translate / sample programs).
         """
-        self.directory = checkpoint_dir(workdir)
+        self.directory = RunDir(workdir).checkpoints
         if read_only and not self.directory.is_dir():
             raise FileNotFoundError(
                 f"No checkpoints in {self.directory} ; train first with "

@@ -15,20 +15,15 @@ from typing import Any
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train.tasks import TASKS, get_task, owners
 from train.tokenizer import PAD_ID
 
-TASKS = ("translation", "lm")
 CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
 TOKENIZERS = ("sentencepiece", "byte")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
-# Corpora each task can read: parallel pairs for translation, single lines for the LM.
-TASK_CORPORA = {
-    "translation": ("bible", "kjv-web", "tsv", "hf"),
-    "lm": ("kjv", "text", "hf"),
-}
 
 # Fields that decide the data, vocabulary or parameter shapes: a resumed run must not change
 # them (the checkpoint would not fit, or would silently continue a different experiment).
@@ -78,7 +73,7 @@ _NON_NEGATIVE_INTS = (
     "seed",
 )
 _CHOICES = {
-    "task": TASKS,
+    "task": tuple(TASKS),
     "corpus": CORPORA,
     "tokenizer": TOKENIZERS,
     "optimizer": OPTIMIZERS,
@@ -127,18 +122,15 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     for field in _NON_NEGATIVE_INTS:
         if not _is_int(config[field]) or config[field] < 0:
             raise _fail(field, config[field], "must be a non-negative integer")
-    if config.corpus not in TASK_CORPORA[config.task]:
-        raise _fail(
-            "corpus",
-            config.corpus,
-            f"task={config.task!r} reads one of {TASK_CORPORA[config.task]}",
-        )
+    task = get_task(config.task)
+    if config.corpus not in task.corpora:
+        raise _fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
     if config.corpus in ("tsv", "text") and not config.corpus_path:
         raise _fail(
             "corpus_path", config.corpus_path, f"corpus={config.corpus!r} needs a file path"
         )
     if config.corpus == "hf":
-        wanted = 2 if config.task == "translation" else 1
+        wanted = task.hf_fields
         fields = [f for f in config.hf_fields.split(",") if f]
         if not config.hf_dataset:
             raise _fail("hf_dataset", config.hf_dataset, "corpus='hf' needs a dataset name")
@@ -153,8 +145,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"--config.batch_size={config.batch_size} and "
             f"--config.tokens_per_batch={config.tokens_per_batch}: set exactly one of them > 0."
         )
-    if config.packed and config.task != "lm":
-        raise _fail("packed", config.packed, "packing is for task='lm' only")
+    if config.packed and "packed" not in task.own_fields:
+        raise _fail("packed", config.packed, f"packing is for task={owners('packed')} only")
     if config.packed and config.batch_size == 0:
         raise _fail("batch_size", config.batch_size, "packed=True needs batch_size > 0")
     lengths = tuple(config.bucket_lengths)
@@ -179,8 +171,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     if config.learning_rate == 0:
         raise _fail("learning_rate", config.learning_rate, "must be > 0")
     for field in ("copied_targets", "target_token_dropout"):
-        if config[field] and config.task != "translation":
-            raise _fail(field, config[field], "applies to task='translation' only; set it to 0")
+        if config[field] and field not in task.own_fields:
+            raise _fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
     if not 0.0 <= config.copied_targets <= 1.0:
         raise _fail("copied_targets", config.copied_targets, "must be in [0, 1]")
     for field in ("label_smoothing", "target_token_dropout"):

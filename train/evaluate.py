@@ -1,24 +1,21 @@
-"""Evaluation: validation loss / perplexity / accuracy, BLEU and chrF, and model outputs.
+"""Evaluation: validation loss / perplexity / accuracy, BLEU and chrF, and the final report.
 
-Translation and sampling go through `flax_transformer.generate_translation` and
-`generate_text` (KV-cache decoding; greedy unless the config asks for beams or sampling).
+The translations scored here come from `train.decoding` (KV-cache decoding, greedy unless
+the config asks for beams).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
-from flax_transformer import generate_text, generate_translation
-from train import data, distributed
-from train.metrics import summarize
-from train.tokenizer import Tokenizer
-
-_SUM_KEYS = ("loss", "nll", "correct", "tokens")
+from train import distributed
+from train.decoding import DecodeOptions, translate
+from train.metrics import SUM_KEYS, summarize
 
 
 def evaluate_loss(
@@ -30,86 +27,12 @@ def evaluate_loss(
         `metrics.summarize` of the summed metrics: loss, nll, perplexity, accuracy, tokens
         (and bits_per_char when chars_per_token is given).
     """
-    sums = dict.fromkeys(_SUM_KEYS, 0.0)
+    sums = dict.fromkeys(SUM_KEYS, 0.0)
     pending = [eval_step(params, put_batch(batch)) for batch in batches]
     for step_sums in jax.device_get(pending):
-        for key in _SUM_KEYS:
+        for key in SUM_KEYS:
             sums[key] += float(step_sums[key])
     return summarize(sums, chars_per_token)
-
-
-def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
-    ids = ids.tolist()
-    return ids[: ids.index(eos_id)] if eos_id in ids else ids
-
-
-def _pad_rows(rows: list[list[int]], num_rows: int, length: int) -> np.ndarray:
-    """(num_rows, length) int32, right-padded; missing rows repeat the last one, so they
-    finish decoding with it instead of running to the length limit."""
-    rows = rows + [rows[-1]] * (num_rows - len(rows))
-    out = np.zeros((num_rows, length), np.int32)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = row
-    return out
-
-
-def translate(
-    model,
-    params: Any,
-    tokenizer: Tokenizer,
-    sources: Sequence[str],
-    config: ml_collections.ConfigDict,
-    beam_size: int | None = None,
-) -> list[str]:
-    """Translates sentences with the config's decoding settings.
-
-    Sources are sorted by length and padded to the bucket lengths, so few shapes compile.
-
-    Args:
-        model: a `Transformer`.
-        params: its parameters (the 'params' collection).
-        tokenizer: the run's tokenizer.
-        sources: source sentences.
-        config: the experiment config (max_len, bucket_lengths, decode_batch_size,
-            max_decode_len, beam_size, length_penalty).
-        beam_size: overrides config.beam_size (1 = greedy).
-
-    Returns:
-        One translation per source, in the input order.
-
-    Raises:
-        ValueError: a source longer than max_len tokens.
-    """
-    encoded = [tokenizer.encode(text) for text in sources]
-    for index, ids in enumerate(encoded):
-        if len(ids) > config.max_len:
-            raise ValueError(
-                f"Source {index} has {len(ids)} tokens, more than max_len={config.max_len}: "
-                f"{sources[index][:60]!r}...; shorten it."
-            )
-    buckets = tuple(config.bucket_lengths) or data.default_bucket_lengths(config.max_len)
-    max_new = config.max_decode_len or config.max_len - 1
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    outputs: list[str] = [""] * len(encoded)
-    size = config.decode_batch_size
-    for start in range(0, len(order), size):
-        chunk = order[start : start + size]
-        rows = [encoded[i] or [tokenizer.eos_id] for i in chunk]
-        length = next(b for b in buckets if b >= max(len(r) for r in rows))
-        generated = generate_translation(
-            model,
-            {"params": params},
-            _pad_rows(rows, size, length),
-            bos_id=tokenizer.bos_id,
-            eos_id=tokenizer.eos_id,
-            max_new_tokens=max_new,
-            beam_size=beam_size or config.beam_size,
-            length_penalty=config.length_penalty,
-        )
-        generated = np.asarray(jax.device_get(generated))
-        for row, index in enumerate(chunk):
-            outputs[index] = tokenizer.decode(_cut_at_eos(generated[row], tokenizer.eos_id))
-    return outputs
 
 
 def bleu_and_chrf(
@@ -130,66 +53,6 @@ def bleu_and_chrf(
         ).score,
         "chrf": sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score,
     }
-
-
-def sample_text(
-    model,
-    params: Any,
-    tokenizer: Tokenizer,
-    prompts: Sequence[str],
-    config: ml_collections.ConfigDict,
-    rng: jax.Array | None = None,
-    max_new_tokens: int | None = None,
-) -> list[str]:
-    """Continues each prompt with the language model (greedy unless temperature > 0).
-
-    Args:
-        model: a `DecoderOnlyTransformer`.
-        params: its parameters.
-        tokenizer: the run's tokenizer.
-        prompts: text prompts; each is fed as BOS + its tokens.
-        config: max_len, max_decode_len, temperature, top_k, top_p (the last two only
-            when temperature > 0: greedy decoding has nothing for them to filter).
-        rng: PRNG key for sampling (default: key(config.seed)).
-        max_new_tokens: tokens to generate (default: max_decode_len, or as many as fit).
-
-    Returns:
-        The prompt followed by its continuation, one string per prompt.
-
-    Raises:
-        ValueError: a prompt leaves no room for new tokens within max_len.
-    """
-    rows = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
-    longest = max(len(r) for r in rows)
-    room = config.max_len - longest
-    max_new = max_new_tokens or config.max_decode_len or room
-    if max_new < 1 or max_new > room:
-        raise ValueError(
-            f"A prompt of {longest - 1} tokens leaves room for {room} new tokens within "
-            f"max_len={config.max_len}, but {max_new} were asked; shorten the prompt."
-        )
-    sampling = {}
-    if config.temperature > 0:  # greedy otherwise: top_k/top_p would be refused, not ignored
-        sampling = dict(
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            rng=jax.random.key(config.seed) if rng is None else rng,
-        )
-    generated = generate_text(
-        model,
-        {"params": params},
-        _pad_rows(rows, len(rows), longest),
-        np.asarray([len(r) for r in rows], np.int32),
-        eos_id=tokenizer.eos_id,
-        max_new_tokens=max_new,
-        **sampling,
-    )
-    generated = np.asarray(jax.device_get(generated))
-    return [
-        tokenizer.decode(row[1:] + _cut_at_eos(generated[i], tokenizer.eos_id))
-        for i, row in enumerate(rows)
-    ]
 
 
 def format_samples(
@@ -287,7 +150,8 @@ def validation_bleu(
     pairs = dataset.valid_examples[: config.bleu_examples]
     # With several processes each translates its share of the sentences; all gather them.
     mine = [pairs[i][0] for i in distributed.share_of(len(pairs))]
-    translated = translate(model, params, dataset.tokenizer, mine, config, beam_size=beam_size)
+    options = dataclasses.replace(DecodeOptions.from_config(config), beam_size=beam_size)
+    translated = translate(model, params, dataset.tokenizer, mine, options)
     hypotheses = distributed.gather_texts(translated, len(pairs))
     scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
     decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
@@ -297,45 +161,3 @@ def validation_bleu(
         "examples": len(pairs),
         "decoding": decoding,
     }, hypotheses
-
-
-def final_outputs(config: ml_collections.ConfigDict, dataset, model, params: Any) -> dict:
-    """What a run ends with: on the first `bleu_examples` validation pairs, BLEU/chrF and the
-    share of looping outputs for greedy decoding and for beam search (`report_beam_size`),
-    the copy-the-source baseline where the config asks for it, and `num_samples` pairs side
-    by side (translation); or the prompts' samples (LM).
-
-    Returns:
-        {'bleu': greedy scores, 'bleu_beam': beam scores (if report_beam_size > 1),
-        'copy_baseline': {bleu, chrf} (if copy_baseline), 'samples': [{source, reference,
-        model[, model_beam]}]} or {'samples': [{prompt, model}]}; no scores when
-        bleu_examples is 0.
-    """
-    if dataset.task == "lm":
-        prompts = list(config.sample_prompts)
-        if not prompts:
-            return {"samples": []}
-        outputs = sample_text(model, params, dataset.tokenizer, prompts, config)
-        return {
-            "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
-        }
-    pairs = dataset.valid_examples[: config.bleu_examples]
-    if not pairs:
-        return {"samples": []}
-    results = {}
-    results["bleu"], greedy = validation_bleu(config, dataset, model, params)
-    shown = range(min(config.num_samples, len(pairs)))
-    samples = [{"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown]
-    if config.report_beam_size > 1:
-        results["bleu_beam"], beam = validation_bleu(
-            config, dataset, model, params, beam_size=config.report_beam_size
-        )
-        for i in shown:
-            samples[i]["model_beam"] = beam[i]
-    if config.copy_baseline:
-        sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-        results["copy_baseline"] = {
-            **bleu_and_chrf(sources, references, config.bleu_tokenize),
-            "repeated_4gram": repeated_ngram_share(sources),
-        }
-    return {**results, "samples": samples}

@@ -29,8 +29,8 @@ from flax import linen as nn
 
 from flax_transformer import DecoderOnlyTransformer, generate_text, generate_translation
 from flax_transformer.functional.positions import DEFAULT_BASE, sinusoidal_positions
+from train.rundir import atomic_write_text
 from train.visualize import attention_maps
-from train.workdir import atomic_write_text
 
 TEMPLATE_NAME = "explorer.html"  # package data of `train` (pyproject.toml [package-data])
 PAYLOAD_PLACEHOLDER = "__EXPLORER_DATA__"

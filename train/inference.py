@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pathlib
 from typing import Any, NamedTuple
 
 import jax
@@ -11,15 +10,15 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import linen as nn
 
-from train import config_lib, input_pipeline, steps
+from train import config_lib, input_pipeline
 from train.checkpoint import Checkpointer
+from train.rundir import RunDir, read_json
+from train.tasks import get_task
 from train.tokenizer import Tokenizer
-from train.train_lib import CONFIG_FILE
-from train.workdir import read_json
 
 
 class TrainedModel(NamedTuple):
-    """A trained run, ready for `train.evaluate.translate` / `sample_text`."""
+    """A trained run, ready for `train.decoding.translate` / `sample_text`."""
 
     config: ml_collections.ConfigDict
     tokenizer: Tokenizer
@@ -43,8 +42,8 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
             RunFailure: damaged files).
         DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
     """
-    workdir = pathlib.Path(workdir)
-    config_path = workdir / CONFIG_FILE
+    run = RunDir(workdir)
+    workdir, config_path = run.path, run.config
     if not config_path.exists():
         raise FileNotFoundError(
             f"{config_path} not found: {workdir} is not a training run directory ; train with "
@@ -56,10 +55,11 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
         "--config and overrides: it is rewritten and the run resumes",
     )
     config = ml_collections.ConfigDict(saved)
-    tokenizer = input_pipeline.make_tokenizer(config, workdir)
-    model = steps.make_model(config.task, config_lib.model_config(config, tokenizer.vocab_size))
+    tokenizer = input_pipeline.make_tokenizer(config, run)
+    task = get_task(config.task)
+    model = task.make_model(config_lib.model_config(config, tokenizer.vocab_size))
     # Only the parameters are read, into the shapes of a freshly initialised model.
-    init_inputs = steps.init_inputs(config.task)
+    init_inputs = task.init_inputs()
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     checkpointer = Checkpointer(workdir, read_only=True)

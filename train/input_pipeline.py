@@ -1,7 +1,9 @@
 """From an experiment config to token batches: corpus, split, tokenizer, batch stream.
 
-The corpora, splits, tokenizers and batching live in `train.data` / `train.tokenizer`; this
-module only wires them together as the config says, so that `train_lib` sees one object.
+The corpora and splits live in `train.corpora`, the tokenizers in `train.tokenizer`, the
+batching in `train.batching` (through the run's `train.tasks` Task); this module wires them
+together as the config says, so that `train_lib` sees one `Dataset`, checks the ids that
+enter the program, and streams the batches resumably (`EpochStream`).
 """
 
 from __future__ import annotations
@@ -10,20 +12,23 @@ import dataclasses
 import hashlib
 import itertools
 import logging
-import os
-import pathlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Generic, TypeVar
 
 import ml_collections
 import numpy as np
 
-from train import data, hf_corpus
+from train import batching, corpora, hf_corpus
 from train.batching import WHOLE_BATCH, RowShare
+from train.rundir import RunDir
+from train.tasks import Task, get_task
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
 # Below this many training examples (real ones, copies not counted) a run still works but
 # learns little that generalises, and its validation scores are noise: worth a warning.
 MIN_TRAIN_EXAMPLES = 100
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -31,9 +36,9 @@ class Dataset:
     """Everything the training loop needs from the data.
 
     Attributes:
-        task: 'translation' or 'lm'.
+        task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
-        build_epoch: rng -> one epoch of training batches (for `data.EpochStream`).
+        build_epoch: rng -> one epoch of training batches (for `EpochStream`).
         eval_batches: validation batches in a fixed order (at most num_eval_batches).
         valid_examples: validation texts: (source, target) pairs or lines.
         chars_per_token: validation characters per target token (EOS counted as one
@@ -44,7 +49,7 @@ class Dataset:
             tokenization: a resumed run checks that it still trains on the same data.
     """
 
-    task: str
+    task: Task
     tokenizer: Tokenizer
     build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]]
     eval_batches: list[dict[str, np.ndarray]]
@@ -62,19 +67,19 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
         FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
     """
     if config.corpus == "bible":
-        return data.load_bible_parallel(config.direction)
+        return corpora.load_bible_parallel(config.direction)
     if config.corpus == "kjv":
-        return data.load_kjv_lines()
+        return corpora.load_kjv_lines()
     if config.corpus == "kjv-web":
-        return data.load_kjv_web_pairs()
+        return corpora.load_kjv_web_pairs()
     if config.corpus == "tsv":
-        return data.read_parallel_tsv(config.corpus_path)
+        return corpora.read_parallel_tsv(config.corpus_path)
     if config.corpus == "hf":
         fields = [f for f in config.hf_fields.split(",") if f]
         return hf_corpus.load_hf_examples(
             config.hf_dataset, config.hf_config, config.hf_split, fields
         )
-    return data.read_text_lines(config.corpus_path)
+    return corpora.read_text_lines(config.corpus_path)
 
 
 def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
@@ -109,15 +114,15 @@ def _texts(examples: Sequence) -> list[str]:
 
 def make_tokenizer(
     config: ml_collections.ConfigDict,
-    workdir: str | os.PathLike,
+    run: RunDir,
     train_examples: Sequence | None = None,
 ) -> Tokenizer:
     """The config's tokenizer; SentencePiece is trained on the train split on first use and
-    cached as `workdir/spm_<vocab_size>.model`.
+    cached in the run directory.
 
     Args:
         config: the experiment config (tokenizer, vocab_size).
-        workdir: where the SentencePiece model is cached.
+        run: the run directory, where the SentencePiece model is cached.
         train_examples: the training split, needed only when the model must be trained.
 
     Raises:
@@ -125,12 +130,14 @@ def make_tokenizer(
     """
     if config.tokenizer == "byte":
         return ByteTokenizer()
-    model_path = pathlib.Path(workdir) / f"spm_{config.vocab_size}.model"
+    model_path = run.tokenizer_model(config.vocab_size)
     if train_examples is None:
         return SentencePieceTokenizer(model_path)
     if not model_path.exists():
         logging.info("Training SentencePiece (vocab %d) on the train split...", config.vocab_size)
-    return SentencePieceTokenizer.train_or_load(_texts(train_examples), workdir, config.vocab_size)
+    return SentencePieceTokenizer.train_or_load(
+        _texts(train_examples), model_path, config.vocab_size
+    )
 
 
 def _encode(tokenizer: Tokenizer, examples: Sequence) -> list:
@@ -143,27 +150,6 @@ def _flat(examples: Sequence) -> np.ndarray:
     """All token ids of tokenized examples (pairs or single sequences) as one int array."""
     sequences = _texts(examples) if examples and isinstance(examples[0], tuple) else examples
     return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64)
-
-
-def _batches(config, task, examples, rng, num_devices, share, drop_remainder=False):
-    """Batches of tokenized examples as the config says (bucketed, or packed for the LM);
-    only the `share` of each batch's rows is built."""
-    if config.packed:
-        return data.packed_lm_batches(
-            examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
-        )
-    buckets = tuple(config.bucket_lengths) or data.default_bucket_lengths(config.max_len)
-    make = data.translation_batches if task == "translation" else data.lm_batches
-    return make(
-        examples,
-        bucket_lengths=buckets,
-        batch_size=config.batch_size or None,
-        tokens_per_batch=config.tokens_per_batch or None,
-        batch_size_multiple=num_devices,
-        rng=rng,
-        drop_remainder=drop_remainder,
-        share=share,
-    )
 
 
 def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
@@ -190,7 +176,7 @@ def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
 
 def build_dataset(
     config: ml_collections.ConfigDict,
-    workdir: str | os.PathLike,
+    run: RunDir,
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
     make_tokenizer: Callable = make_tokenizer,
@@ -203,10 +189,10 @@ def build_dataset(
 
     Args:
         config: a validated experiment config.
-        workdir: the run directory (SentencePiece model cache).
+        run: the run directory (SentencePiece model cache).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
-        make_tokenizer: (config, workdir, train examples) -> tokenizer; e.g. one that lets
+        make_tokenizer: (config, run, train examples) -> tokenizer; e.g. one that lets
             one process train SentencePiece while the others wait for its file.
 
     Returns:
@@ -215,7 +201,7 @@ def build_dataset(
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
     """
-    task = config.task
+    task = get_task(config.task)
     if config.packed and config.batch_size % num_devices:
         raise ValueError(
             f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
@@ -226,7 +212,9 @@ def build_dataset(
             f"--config.batch_size={config.batch_size} must be a multiple of the {share.count} "
             "processes the batch is split over."
         )
-    splits = data.split_examples(load_examples(config), config.valid_fraction, config.test_fraction)
+    splits = corpora.split_examples(
+        load_examples(config), config.valid_fraction, config.test_fraction
+    )
     if not splits.train or not splits.valid:
         raise ValueError(
             f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
@@ -234,21 +222,25 @@ def build_dataset(
             f"--config.valid_fraction={config.valid_fraction}."
         )
     fingerprint = data_fingerprint(splits.train, splits.valid)
-    tokenizer = make_tokenizer(config, workdir, splits.train)
+    tokenizer = make_tokenizer(config, run, splits.train)
     train_ids = _encode(tokenizer, splits.train)
     copies = []  # (target, target) pairs, chosen among all training pairs before filtering
-    if task == "translation" and config.copied_targets:
+    if config.copied_targets:  # translation only (validate_config)
         copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
     for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
-        data.check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
+        check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
     valid_texts = list(splits.valid)
     dropped = 0
     if not config.packed:
-        train_ids, dropped = data.filter_by_length(train_ids, config.max_len, task)
-        copies, dropped_copies = data.filter_by_length(copies, config.max_len, task)
+        train_ids, dropped = batching.filter_by_length(
+            train_ids, config.max_len, task.example_length
+        )
+        copies, dropped_copies = batching.filter_by_length(
+            copies, config.max_len, task.example_length
+        )
         dropped += dropped_copies
-        fits = [data.example_length(ids, task) <= config.max_len for ids in valid_ids]
+        fits = [task.example_length(ids) <= config.max_len for ids in valid_ids]
         valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
         valid_texts = [text for text, keep in zip(valid_texts, fits, strict=True) if keep]
         dropped += fits.count(False)
@@ -267,11 +259,10 @@ def build_dataset(
             len(train_ids),
             MIN_TRAIN_EXAMPLES,
         )
-    eval_batches = _batches(config, task, valid_ids, None, num_devices, share)
+    eval_batches = task.batches(config, valid_ids, None, num_devices, share)
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]
-    target_ids = [tgt for _, tgt in valid_ids] if task == "translation" else valid_ids
-    target_texts = [t for _, t in valid_texts] if task == "translation" else valid_texts
+    target_ids, target_texts = task.targets(valid_ids), task.targets(valid_texts)
     # Target tokens per example: + EOS; packed streams also predict the next line's BOS.
     extra_targets = 2 if config.packed else 1
     num_tokens = sum(len(ids) + extra_targets for ids in target_ids)
@@ -279,7 +270,7 @@ def build_dataset(
     return Dataset(
         task=task,
         tokenizer=tokenizer,
-        build_epoch=lambda rng: _batches(config, task, train_ids + copies, rng, num_devices, share),
+        build_epoch=lambda rng: task.batches(config, train_ids + copies, rng, num_devices, share),
         eval_batches=eval_batches,
         valid_examples=valid_texts,
         chars_per_token=num_chars / num_tokens,
@@ -292,3 +283,127 @@ def build_dataset(
         },
         fingerprint=fingerprint,
     )
+
+
+def check_token_ids(ids, vocab_size: int, where: str) -> None:
+    """Raises if any id lies outside [0, vocab_size); call where data enters the program.
+
+    JAX gathers clamp out-of-range indices, so a bad id would silently read another embedding.
+
+    Args:
+        ids: array-like of integer ids, any shape.
+        vocab_size: the model's vocabulary size.
+        where: what the ids are (e.g. "train batch 'src'"), for the message.
+
+    Raises:
+        ValueError: names the first offending id, its position and the vocab size.
+    """
+    array = np.asarray(ids)
+    if array.size and not np.issubdtype(array.dtype, np.integer):
+        raise ValueError(f"{where}: token ids must be integers, got dtype {array.dtype}.")
+    bad = np.argwhere((array < 0) | (array >= vocab_size))
+    if bad.size:
+        position = tuple(int(i) for i in bad[0])
+        raise ValueError(
+            f"{where}: token id {int(array[position])} at position {position} is outside "
+            f"[0, {vocab_size}); the tokenizer and the model's vocab_size={vocab_size} disagree."
+        )
+
+
+def epoch_rng(seed: int, epoch: int) -> np.random.Generator:
+    """The random generator for one epoch: a function of (seed, epoch) only.
+
+    Args:
+        seed: non-negative run seed.
+        epoch: non-negative epoch number.
+
+    Returns:
+        A fresh numpy Generator seeded with [seed, epoch].
+    """
+    if seed < 0 or epoch < 0:
+        raise ValueError(f"seed={seed} and epoch={epoch} must be non-negative.")
+    return np.random.default_rng([seed, epoch])
+
+
+class EpochStream(Generic[T]):
+    """An endless stream of items (batches), reshuffled every epoch, resumable exactly.
+
+    Epoch e's items are `build_epoch(epoch_rng(seed, e))`, so they depend only on the seed
+    and the epoch. The state is {'epoch': e, 'position': p}: the next item is item p of epoch
+    e. Restoring a saved state (e.g. from JSON) continues the stream exactly where it stopped.
+    """
+
+    def __init__(
+        self,
+        build_epoch: Callable[[np.random.Generator], Sequence[T]],
+        *,
+        seed: int,
+        state: Mapping[str, int] | None = None,
+    ):
+        """Creates the stream.
+
+        Args:
+            build_epoch: makes one epoch's items from its generator; must be deterministic.
+            seed: non-negative run seed.
+            state: a `state_dict()` saved earlier; None starts at epoch 0, position 0.
+        """
+        self._build_epoch = build_epoch
+        self._seed = seed
+        self._epoch = 0
+        self._position = 0
+        self._items: Sequence[T] | None = None
+        if state is not None:
+            self.load_state_dict(state)
+
+    def state_dict(self) -> dict[str, int]:
+        """The position of the next item: {'epoch': int, 'position': int}."""
+        return {"epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Moves the stream to a saved position.
+
+        Args:
+            state: {'epoch': e, 'position': p} with e, p non-negative integers.
+
+        Raises:
+            ValueError: the state is malformed.
+        """
+        epoch, position = state.get("epoch"), state.get("position")
+        if set(state) != {"epoch", "position"} or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, position)
+        ):
+            raise ValueError(
+                f"Stream state {dict(state)} must be {{'epoch': int >= 0, 'position': int >= 0}} "
+                "as written by EpochStream.state_dict(); delete the saved state to start over."
+            )
+        self._epoch, self._position, self._items = epoch, position, None
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next item comes from."""
+        return self._epoch
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._items is None:
+            self._items = self._build_epoch(epoch_rng(self._seed, self._epoch))
+            if not self._items:
+                raise ValueError(
+                    f"Epoch {self._epoch} has no items: the data set is empty or every batch "
+                    "was dropped (check drop_remainder and the batch size)."
+                )
+        if self._position >= len(self._items):
+            if self._position > len(self._items):
+                raise ValueError(
+                    f"Stream state position={self._position} is past the end of epoch "
+                    f"{self._epoch} ({len(self._items)} items): the data or batching changed "
+                    "since the state was saved; delete the saved state to start over."
+                )
+            self._epoch, self._position = self._epoch + 1, 0
+            self._items = None
+            return next(self)
+        item = self._items[self._position]
+        self._position += 1
+        return item

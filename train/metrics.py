@@ -1,8 +1,15 @@
-"""Metric summaries, and where they go: `metrics.jsonl`, TensorBoard events, a loss-curve PNG.
+"""Metrics and logging: summaries of step sums, what the user sees during training (the
+progress bar, interval summaries, divergence checks), and where records go (`metrics.jsonl`,
+TensorBoard events, a loss-curve PNG).
 
-Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...}` in
-`workdir/metrics.jsonl`; the same scalars go to TensorBoard (`workdir/tensorboard`) as
-`<split>/<name>`.
+Step metrics stay on the device until a summary is due (every `log_every_steps`, and before
+every checkpoint), so the host never waits on the accelerator between steps; then they are
+fetched together and checked for NaN/inf, so a diverged run stops with the step named, before
+a bad state can be checkpointed.
+
+Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...}` in the
+run directory's metrics file; the same scalars go to its TensorBoard folder as
+`<split>/<name>` (`train.rundir` names both).
 """
 
 from __future__ import annotations
@@ -11,15 +18,19 @@ import json
 import math
 import os
 import pathlib
+import sys
+import time
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 
-from train.workdir import atomic_savefig, atomic_write_text
+from train.errors import RunFailure
+from train.rundir import RunDir, atomic_savefig, atomic_write_text
 
-METRICS_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-LOSS_CURVE_FILE = "loss_curve.png"
+# The metrics a step returns as sums over its tokens (`train.steps`).
+SUM_KEYS = ("loss", "nll", "correct", "tokens")
+
 # Perplexity overflows float64 above exp(709); report inf beyond this loss.
 _MAX_LOG_PERPLEXITY = 700.0
 
@@ -51,18 +62,18 @@ def summarize(sums: Mapping[str, float], chars_per_token: float | None = None) -
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and TensorBoard; resumes without duplicates."""
 
-    def __init__(self, workdir: str | os.PathLike, resume_step: int = 0):
+    def __init__(self, run: RunDir, resume_step: int = 0):
         """Opens the writers.
 
         Args:
-            workdir: the run directory.
+            run: the run directory.
             resume_step: the step training restarts from; records of later steps (written
                 by the interrupted run after its last checkpoint) are removed from the JSONL;
                 those kept are never written twice.
         """
         from tensorboardX import SummaryWriter  # heavy import, only where written
 
-        self.path = pathlib.Path(workdir) / METRICS_FILE
+        self.path = run.metrics
         kept = []
         if self.path.exists():
             kept = [r for r in read_metrics(self.path) if r["step"] <= resume_step]
@@ -70,7 +81,7 @@ class MetricsWriter:
         # (step, split) of every record in the file: a resumed run that evaluates a step again
         # (e.g. the final one, when results.json was lost) must not log it twice.
         self._written = {(r["step"], r["split"]) for r in kept}
-        self._tb = SummaryWriter(str(pathlib.Path(workdir) / TENSORBOARD_DIR))
+        self._tb = SummaryWriter(str(run.tensorboard))
 
     def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
         """Writes one record; non-finite numbers are stored as strings ('nan', 'inf').
@@ -103,8 +114,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
-    """Plots train and validation loss against step into `workdir/loss_curve.png`.
+def plot_loss_curve(run: RunDir) -> pathlib.Path | None:
+    """Plots train and validation loss against step from the run's metrics into its
+    loss-curve PNG.
 
     Returns:
         The PNG path, or None when there is nothing to plot.
@@ -114,7 +126,7 @@ def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
     matplotlib.use("Agg")  # no display needed
     from matplotlib import pyplot as plt
 
-    path = pathlib.Path(workdir) / METRICS_FILE
+    path = run.metrics
     if not path.exists():
         return None
     records = read_metrics(path)
@@ -137,8 +149,89 @@ def plot_loss_curve(workdir: str | os.PathLike) -> pathlib.Path | None:
     ax.set_ylabel("cross-entropy (nats per target token)")
     ax.grid(alpha=0.3)
     ax.legend()
-    out = pathlib.Path(workdir) / LOSS_CURVE_FILE
+    out = run.loss_curve
     fig.tight_layout()
     atomic_savefig(fig, out, dpi=100)
     plt.close(fig)
     return out
+
+
+class TrainingDivergedError(RunFailure):
+    """The loss (or the parameters) became NaN or infinite."""
+
+
+def progress_bar(total: int, initial: int, enabled: bool = True):
+    """A tqdm bar over train steps; in a log file (not a terminal) it updates every 30 s.
+
+    `enabled=False` (processes other than 0 of a multi-process run) shows nothing.
+    """
+    from tqdm import tqdm
+
+    interactive = sys.stderr.isatty()
+    return tqdm(
+        total=total,
+        initial=initial,
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5 if interactive else 30.0,  # a log file gets a line every 30 s
+        desc="train",
+        disable=not enabled,
+    )
+
+
+class TrainLog:
+    """Collects per-step metric sums, checks them for NaN/inf, and writes summaries."""
+
+    def __init__(self, schedule, accum_steps: int, checkpointer):
+        """Args: the learning-rate schedule (for the logged rate), grad_accum_steps, and the
+        run's Checkpointer (named in the divergence message)."""
+        self.schedule, self.accum_steps = jax.jit(schedule), accum_steps
+        self.checkpointer = checkpointer
+        self.pending: list[tuple[int, dict]] = []
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """Starts a new tokens/s interval (after evaluation or saving, which are not training)."""
+        self.tokens, self.start = 0, time.perf_counter()
+
+    def add(self, step: int, metrics: dict, tokens: int) -> None:
+        self.pending.append((step, metrics))
+        self.tokens += tokens
+
+    def check(self) -> dict[str, float] | None:
+        """Fetches the pending step metrics and summarises them.
+
+        Returns:
+            {loss, nll, perplexity, accuracy, tokens, grad_norm, learning_rate,
+            tokens_per_sec} of the interval, or None if no step is pending.
+
+        Raises:
+            TrainingDivergedError: at the first step whose loss or gradient norm is not
+                finite, naming it and the last checkpoint kept.
+        """
+        if not self.pending:
+            return None
+        fetched = jax.device_get([m for _, m in self.pending])
+        for (step, _), metrics in zip(self.pending, fetched, strict=True):
+            if not (
+                math.isfinite(float(metrics["loss"])) and math.isfinite(float(metrics["grad_norm"]))
+            ):
+                last = self.checkpointer.latest_step()
+                kept = f"step {last}" if last is not None else "none saved yet"
+                raise TrainingDivergedError(
+                    f"Training diverged at step {step}: loss={float(metrics['loss'])}, "
+                    f"grad_norm={float(metrics['grad_norm'])}. The last good checkpoint "
+                    f"({kept}) is kept in {self.checkpointer.directory}. Lower "
+                    "--config.learning_rate, raise --config.warmup_steps or set "
+                    "--config.grad_clip_norm, then rerun (it resumes from that checkpoint)."
+                )
+        sums = {k: sum(float(m[k]) for m in fetched) for k in SUM_KEYS}
+        summary = summarize(sums)
+        summary["grad_norm"] = float(np.mean([float(m["grad_norm"]) for m in fetched]))
+        last_step = self.pending[-1][0]
+        summary["learning_rate"] = float(self.schedule((last_step - 1) // self.accum_steps))
+        elapsed = time.perf_counter() - self.start
+        summary["tokens_per_sec"] = self.tokens / max(elapsed, 1e-9)
+        self.pending = []
+        self.restart_clock()
+        return summary

@@ -6,6 +6,8 @@ Prints each prompt with its continuation.
 
 from __future__ import annotations
 
+import dataclasses
+
 from absl import app, flags
 
 from train.cli import RUN_ERROR, die, quiet_library_logs
@@ -29,7 +31,9 @@ def main(argv: list[str]) -> None:
         raise app.UsageError('Give a prompt: --prompt "In the beginning".')
     import jax
 
-    from train import evaluate, inference
+    from train import inference
+    from train.decoding import DecodeOptions, sample_text
+    from train.tasks import get_task
 
     quiet_library_logs()
 
@@ -39,18 +43,20 @@ def main(argv: list[str]) -> None:
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
-    if trained.config.task != "lm":
+    task = get_task(trained.config.task)
+    if task.tool != "train.sample":
         die(
-            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
-            "`python -m train.translate` for translation models."
+            f"{FLAGS.workdir} holds a task={task.name!r} model; use "
+            f"`python -m {task.tool}` for {task.models}."
         )
-    config = trained.config
-    with config.unlocked():
-        for name in ("temperature", "top_k", "top_p"):
-            if getattr(FLAGS, name) is not None:
-                config[name] = getattr(FLAGS, name)
+    flagged = {
+        name: getattr(FLAGS, name)
+        for name in ("temperature", "top_k", "top_p")
+        if getattr(FLAGS, name) is not None
+    }
+    options = dataclasses.replace(DecodeOptions.from_config(trained.config), **flagged)
     asked_filter = FLAGS.top_k or (FLAGS.top_p is not None and FLAGS.top_p < 1.0)
-    if config.temperature == 0 and asked_filter:
+    if options.temperature == 0 and asked_filter:
         # The run's own top_k/top_p are dropped for greedy decoding; explicit flags are a
         # mistake worth naming.
         die(
@@ -59,12 +65,12 @@ def main(argv: list[str]) -> None:
         )
     prompts = [p for p in FLAGS.prompt for _ in range(FLAGS.num_samples)]
     try:
-        outputs = evaluate.sample_text(
+        outputs = sample_text(
             trained.model,
             trained.params,
             trained.tokenizer,
             prompts,
-            config,
+            options,
             rng=jax.random.key(FLAGS.seed),
             max_new_tokens=FLAGS.max_new_tokens,
         )

@@ -1,4 +1,5 @@
-"""Train state, the jitted train and eval steps, and their data-parallel placement.
+"""Train state, the optimizer, the jitted train and eval steps, and their data-parallel
+placement.
 
 Data parallelism goes through `jax.sharding`: a mesh over all devices
 (`flax_transformer.sharding.make_mesh`), the batch split along its rows, parameters and
@@ -11,22 +12,82 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 from flax import linen as nn
 
-from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.functional import label_smoothed_cross_entropy
 from train.batching import WHOLE_BATCH, RowShare
 from train.tokenizer import UNK_ID
 
-# Shape of the dummy batch used to initialise parameters (no parameter depends on it).
-_INIT_BATCH_SHAPE = (1, 8)
+if TYPE_CHECKING:
+    from train.tasks import Task
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+    """Learning rate as a function of the optimizer update count (from 0).
+
+    - 'rsqrt' (Vaswani et al. 2017, eq. 3, with the peak as a parameter): linear warm-up to
+      `learning_rate` over `warmup_steps`, then `learning_rate * sqrt(warmup_steps / t)`.
+      The paper's `d_model**-0.5 * min(t**-0.5, t * warmup**-1.5)` is this schedule with
+      `learning_rate = (d_model * warmup_steps) ** -0.5`.
+    - 'cosine': linear warm-up, then cosine decay to 0 at the last update.
+    The first update (count 0) already gets `learning_rate / warmup_steps`, not 0.
+    - 'constant': linear warm-up, then constant.
+
+    Args:
+        config: learning_rate, schedule, warmup_steps, num_train_steps, grad_accum_steps.
+
+    Returns:
+        An optax schedule (update count -> learning rate).
+    """
+    peak, warmup = config.learning_rate, config.warmup_steps
+    total_updates = max(config.num_train_steps // config.grad_accum_steps, 1)
+
+    def schedule(count):
+        t = jnp.asarray(count, jnp.float32) + 1.0  # the update being made, from 1
+        warm = jnp.minimum(t / warmup, 1.0) if warmup else 1.0
+        if config.schedule == "constant":
+            return peak * warm
+        if config.schedule == "cosine":
+            progress = jnp.clip((t - warmup) / max(total_updates - warmup, 1), 0.0, 1.0)
+            return peak * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+        decay = jnp.sqrt(max(warmup, 1) / jnp.maximum(t, max(warmup, 1)))
+        return peak * warm * decay
+
+    return schedule
+
+
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adam or AdamW on the schedule; MultiSteps when accumulating.
+
+    With `grad_accum_steps = k > 1`, `optax.MultiSteps` averages k micro-batch gradients and
+    updates the parameters on every k-th call (the schedule counts updates, not calls).
+
+    Args:
+        config: optimizer, learning-rate and clipping fields of the experiment config.
+
+    Returns:
+        The optax transformation.
+    """
+    schedule = learning_rate_schedule(config)
+    if config.optimizer == "adamw":
+        opt = optax.adamw(
+            schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
+        )
+    else:
+        opt = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
+    if config.grad_clip_norm:
+        opt = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), opt)
+    if config.grad_accum_steps > 1:
+        opt = optax.MultiSteps(opt, every_k_schedule=config.grad_accum_steps)
+    return opt
 
 
 @flax.struct.dataclass
@@ -46,21 +107,9 @@ class TrainState:
     rng: jax.Array
 
 
-def make_model(task: str, model_config: TransformerConfig) -> nn.Module:
-    """`Transformer` for 'translation', `DecoderOnlyTransformer` for 'lm'."""
-    return (
-        Transformer(model_config) if task == "translation" else DecoderOnlyTransformer(model_config)
-    )
-
-
-def init_inputs(task: str) -> tuple[jax.Array, ...]:
-    dummy = jnp.ones(_INIT_BATCH_SHAPE, jnp.int32)
-    return (dummy, dummy) if task == "translation" else (dummy,)
-
-
 def create_train_state(
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     mesh: jax.sharding.Mesh,
     seed: int,
@@ -74,7 +123,7 @@ def create_train_state(
 
     Args:
         model: the flax module.
-        task: 'translation' or 'lm' (decides the init inputs).
+        task: the run's task (its init inputs).
         tx: the optimizer.
         mesh: the device mesh.
         seed: parameter init uses key(seed); dropout uses fold_in(key(seed), 1).
@@ -85,7 +134,7 @@ def create_train_state(
     """
 
     def init_boxed() -> TrainState:
-        variables = model.init(jax.random.key(seed), *init_inputs(task))
+        variables = model.init(jax.random.key(seed), *task.init_inputs())
         dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), 1)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
@@ -101,22 +150,6 @@ def create_train_state(
         return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
 
 
-def _logits_and_labels(model, task, params, batch, *, deterministic, rngs=None):
-    if task == "translation":
-        logits = model.apply(
-            {"params": params},
-            batch["src"],
-            batch["tgt_in"],
-            deterministic=deterministic,
-            rngs=rngs,
-        )
-        return logits, batch["tgt_out"]
-    logits = model.apply(
-        {"params": params}, batch["inputs"], deterministic=deterministic, rngs=rngs
-    )
-    return logits, batch["targets"]
-
-
 def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
     """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens'."""
     nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0)
@@ -129,36 +162,12 @@ def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
     }
 
 
-def drop_target_tokens(
-    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
-) -> jax.Array:
-    """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
-
-    The decoder can then predict less from its own prefix and must read the source: it
-    learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
-    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
-    the labels are untouched.
-
-    Args:
-        tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
-        rate: replacement probability in [0, 1).
-        key: PRNG key.
-        unk_id, pad_id: the tokenizer's unknown and padding ids.
-
-    Returns:
-        `(B, T)` ids of the same dtype.
-    """
-    drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
-    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
-    return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
-
-
 def train_step(
     state: TrainState,
     batch: dict[str, jax.Array],
     *,
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     label_smoothing: float,
     rng_impl: str,
@@ -173,7 +182,8 @@ def train_step(
         state: the TrainState.
         batch: int32 `(B, L)` arrays ('src', 'tgt_in', 'tgt_out' or 'inputs', 'targets').
         model, task, tx, label_smoothing, rng_impl: bound with functools.partial.
-        target_token_dropout: translation only: `drop_target_tokens` rate (0 = off).
+        target_token_dropout: word-dropout rate of the task's decoder inputs
+            (translation only; 0 = off).
         unk_id: the id that dropped decoder inputs become.
 
     Returns:
@@ -181,21 +191,16 @@ def train_step(
     """
     key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
     key, dropout_key = jax.random.split(key)
-    if target_token_dropout and task == "translation":
+    if target_token_dropout:
         # A key of its own, derived without changing the dropout key stream of rate-0 runs.
         word_key = jax.random.fold_in(dropout_key, 1)
-        batch = dict(batch)
-        batch["tgt_in"] = drop_target_tokens(
-            batch["tgt_in"],
-            target_token_dropout,
-            word_key,
-            unk_id=unk_id,
-            pad_id=model.config.pad_id,
+        batch = task.drop_decoder_inputs(
+            batch, target_token_dropout, word_key, unk_id=unk_id, pad_id=model.config.pad_id
         )
 
     def loss_fn(params):
-        logits, labels = _logits_and_labels(
-            model, task, params, batch, deterministic=False, rngs={"dropout": dropout_key}
+        logits, labels = task.logits_and_labels(
+            model, params, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
         loss, weights = label_smoothed_cross_entropy(
             logits, labels, label_smoothing=label_smoothing, pad_id=model.config.pad_id
@@ -218,7 +223,7 @@ def train_step(
 
 
 def eval_step(
-    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: str
+    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: Task
 ) -> dict[str, jax.Array]:
     """Metric sums of one validation batch, without label smoothing or dropout.
 
@@ -226,14 +231,14 @@ def eval_step(
         {'loss', 'nll', 'correct', 'tokens'} summed over non-padding target tokens
         ('loss' equals 'nll' here).
     """
-    logits, labels = _logits_and_labels(model, task, params, batch, deterministic=True)
+    logits, labels = task.logits_and_labels(model, params, batch, deterministic=True)
     nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
     return _token_metrics(logits, labels, nll, weights)
 
 
 def jit_steps(
     model: nn.Module,
-    task: str,
+    task: Task,
     tx: optax.GradientTransformation,
     state: TrainState,
     mesh: jax.sharding.Mesh,

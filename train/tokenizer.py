@@ -156,7 +156,7 @@ class SentencePieceTokenizer:
         if not self.model_path.is_file():
             raise FileNotFoundError(
                 f"SentencePiece model {self.model_path} not found; train one with "
-                "SentencePieceTokenizer.train_or_load(texts, workdir, vocab_size)."
+                "SentencePieceTokenizer.train_or_load(texts, model_path, vocab_size)."
             )
         self._sp = spm.SentencePieceProcessor()
         try:
@@ -178,7 +178,7 @@ class SentencePieceTokenizer:
     def train_or_load(
         cls,
         texts: Iterable[str],
-        workdir: str | os.PathLike,
+        model_path: str | os.PathLike,
         vocab_size: int,
         *,
         character_coverage: float = DEFAULT_CHARACTER_COVERAGE,
@@ -186,7 +186,7 @@ class SentencePieceTokenizer:
         num_threads: int = DEFAULT_NUM_THREADS,
         byte_fallback: bool = False,
     ) -> SentencePieceTokenizer:
-        """Loads `workdir/spm_{vocab_size}.model`, training it first if it is missing.
+        """Loads the model file at `model_path`, training it first if it is missing.
 
         For translation pass the source and target sides together (one shared vocabulary), e.g.
         `itertools.chain.from_iterable(train_pairs)`, and only the training split, so that
@@ -195,7 +195,7 @@ class SentencePieceTokenizer:
 
         Args:
             texts: training sentences; consumed only when the model has to be trained.
-            workdir: directory for the cached model (created if missing).
+            model_path: the cached model (its folder is created if missing).
             vocab_size: number of pieces including the 4 special ids.
             character_coverage: fraction of characters the vocabulary must cover.
             input_sentence_size: at most this many sentences are sampled for training.
@@ -213,8 +213,8 @@ class SentencePieceTokenizer:
             raise ValueError(
                 f"vocab_size={vocab_size} must exceed the {NUM_SPECIAL_IDS} special ids."
             )
-        workdir = pathlib.Path(workdir)
-        model_path = workdir / f"spm_{vocab_size}.model"
+        model_path = pathlib.Path(model_path)
+        workdir = model_path.parent
         if model_path.exists():
             return cls(model_path)
         sentences = [t for t in texts if t.strip()]

@@ -1,13 +1,6 @@
 """`train_and_evaluate(config, workdir)`: the training program, importable from a notebook.
 
-One run = one work directory (locked while the run writes it, see train.workdir):
-  workdir/lock               the pid and host of the run holding the directory's flock
-  workdir/config.json        the config of the run (a rerun must keep its identity fields)
-  workdir/spm_<V>.model      the SentencePiece model, trained on the train split on first use
-  workdir/checkpoints/<step> orbax checkpoints: train state + data-stream position
-  workdir/metrics.jsonl      train / valid / bleu records; workdir/tensorboard/ the same
-  workdir/loss_curve.png     train and validation loss against step
-  workdir/results.json       the final validation metrics, BLEU/chrF and samples
+One run = one work directory (its files: train.rundir), locked while the run writes it.
 Rerunning the same command resumes from the latest checkpoint, bit-identically on CPU.
 
 In a run of several processes (train.distributed) every process runs this same program on
@@ -20,29 +13,28 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import pathlib
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, data, distributed, evaluate, input_pipeline, optim, steps
+from train import config_lib, distributed, evaluate, input_pipeline, steps
 from train.checkpoint import Checkpointer
-from train.metrics import MetricsWriter, plot_loss_curve
-from train.train_log import TrainingDivergedError, TrainLog, progress_bar
-from train.workdir import WorkdirLock, atomic_write_text, prepare_workdir, read_json
+from train.metrics import (
+    MetricsWriter,
+    TrainingDivergedError,
+    TrainLog,
+    plot_loss_curve,
+    progress_bar,
+)
+from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
 
-CONFIG_FILE = "config.json"
-RESULTS_FILE = "results.json"
-DATA_FINGERPRINT_FILE = "data_fingerprint.json"
 
-
-def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, resuming: bool):
+def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
     """Writes config.json, or refuses to resume with different identity fields."""
-    path = workdir / CONFIG_FILE
+    path = run.config
     if resuming and path.exists():
         saved = read_json(
             path,
@@ -51,7 +43,7 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
         changed = config_lib.changed_identity_fields(saved, config)
         if changed:
             raise ValueError(
-                f"{workdir} holds checkpoints of a run with different {', '.join(changed)} "
+                f"{run.path} holds checkpoints of a run with different {', '.join(changed)} "
                 f"(see {path}) ; resuming would not fit them: use a fresh --workdir, or the "
                 "saved values."
             )
@@ -59,14 +51,14 @@ def _check_resumable(config: ml_collections.ConfigDict, workdir: pathlib.Path, r
         atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
-def _shared_tokenizer(config, workdir, train_examples):
+def _shared_tokenizer(config, run, train_examples):
     """The config's tokenizer, trained (SentencePiece) by process 0 only: the others wait
     for its file in the (shared) work directory and read it, so all use the same one."""
     if distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(config, workdir, train_examples)
+        tokenizer = input_pipeline.make_tokenizer(config, run, train_examples)
     distributed.barrier("tokenizer")
     if not distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(config, workdir)
+        tokenizer = input_pipeline.make_tokenizer(config, run)
     return tokenizer
 
 
@@ -87,19 +79,19 @@ def _make_mesh(config) -> jax.sharding.Mesh:
         raise ValueError(f"--config.mesh_shape={tuple(config.mesh_shape)}: {err}") from None
 
 
-def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -> None:
+def _check_same_data(fingerprint: dict, run: RunDir, resuming: bool) -> None:
     """Writes the data fingerprint, or refuses to resume on data that changed since.
 
     Only the corpus path is in config.json; a file edited in place (columns swapped, lines
     added) would otherwise resume silently on other data, with a stream position that means
     nothing for it.
     """
-    path = workdir / DATA_FINGERPRINT_FILE
+    path = run.data_fingerprint
     if resuming and path.exists():
         saved = read_json(path, "delete it and rerun: it is rewritten from the current data")
         if saved != fingerprint:
             raise ValueError(
-                f"{workdir} holds checkpoints trained on other data: {saved['train']} train / "
+                f"{run.path} holds checkpoints trained on other data: {saved['train']} train / "
                 f"{saved['valid']} validation examples, sha256 {saved['sha256'][:12]}, now "
                 f"{fingerprint['train']} / {fingerprint['valid']}, sha256 "
                 f"{fingerprint['sha256'][:12]} (see {path}) ; restore the corpus the run "
@@ -107,12 +99,6 @@ def _check_same_data(fingerprint: dict, workdir: pathlib.Path, resuming: bool) -
             )
     if distributed.is_primary():
         atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
-
-
-def _tokens_in(batch: dict[str, np.ndarray]) -> int:
-    """Non-padding tokens fed to the model (source + decoder input, or LM inputs)."""
-    keys = ("src", "tgt_in") if "src" in batch else ("inputs",)
-    return int(sum(np.count_nonzero(batch[k]) for k in keys))
 
 
 @jax.jit
@@ -148,29 +134,25 @@ def train_and_evaluate(
             RunFailure too.
     """
     config_lib.validate_config(config)
-    workdir = prepare_workdir(workdir)
+    run = RunDir(prepare_workdir(workdir))
     # One run per work directory; released on any exit. Process 0 holds it for the run.
-    lock = WorkdirLock(workdir) if distributed.is_primary() else contextlib.nullcontext()
+    lock = WorkdirLock(run.path) if distributed.is_primary() else contextlib.nullcontext()
     with lock:
-        checkpointer = Checkpointer(workdir, keep=config.keep_checkpoints)
+        checkpointer = Checkpointer(run.path, keep=config.keep_checkpoints)
         try:
-            return _run(config, workdir, checkpointer, step_callback)
+            return _run(config, run, checkpointer, step_callback)
         finally:
             checkpointer.close()
 
 
-def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callback) -> dict:
+def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
     """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
     latest = checkpointer.latest_step()
-    _check_resumable(config, workdir, latest is not None)
-    if (
-        latest is not None
-        and latest >= config.num_train_steps
-        and (workdir / RESULTS_FILE).exists()
-    ):
-        logging.info("%s already finished %d steps; its results:", workdir, latest)
+    _check_resumable(config, run, latest is not None)
+    if latest is not None and latest >= config.num_train_steps and run.results.exists():
+        logging.info("%s already finished %d steps; its results:", run.path, latest)
         results = read_json(
-            workdir / RESULTS_FILE,
+            run.results,
             "delete it and rerun: the final evaluation is redone from the last checkpoint",
         )
         if distributed.is_primary():
@@ -179,15 +161,14 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     mesh = _make_mesh(config)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
     dataset = input_pipeline.build_dataset(
-        config, workdir, num_devices=mesh.size, share=share, make_tokenizer=_shared_tokenizer
+        config, run, num_devices=mesh.size, share=share, make_tokenizer=_shared_tokenizer
     )
-    _check_same_data(dataset.fingerprint, workdir, latest is not None)
+    _check_same_data(dataset.fingerprint, run, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
-    model = steps.make_model(
-        config.task, config_lib.model_config(config, dataset.tokenizer.vocab_size)
-    )
-    tx = optim.make_optimizer(config)
-    state = steps.create_train_state(model, config.task, tx, mesh, config.seed, config.rng_impl)
+    task = dataset.task
+    model = task.make_model(config_lib.model_config(config, dataset.tokenizer.vocab_size))
+    tx = steps.make_optimizer(config)
+    state = steps.create_train_state(model, task, tx, mesh, config.seed, config.rng_impl)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
@@ -195,10 +176,10 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
-    stream = data.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
+    stream = input_pipeline.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
     train_step, eval_step, put_batch = steps.jit_steps(
         model,
-        config.task,
+        task,
         tx,
         state,
         mesh,
@@ -209,9 +190,9 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
         share=share,
     )
     primary = distributed.is_primary()
-    writer = MetricsWriter(workdir, resume_step=int(state.step)) if primary else _Discard()
-    log = TrainLog(optim.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
-    chars_per_token = dataset.chars_per_token if config.task == "lm" else None
+    writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
+    log = TrainLog(steps.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
+    chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
 
     def run_eval(step: int) -> dict:
         valid = evaluate.evaluate_loss(
@@ -238,7 +219,7 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
             batch = next(stream)
             state, metrics = train_step(state, put_batch(batch))
             # This process's rows only: with equal shares, times the share count is the whole.
-            log.add(step, metrics, _tokens_in(batch) * share.count)
+            log.add(step, metrics, task.tokens_in(batch) * share.count)
             bar.update(1)
             if step % config.log_every_steps == 0 or step == total:
                 summary = log.check()
@@ -254,25 +235,12 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
                 )
-            if (
-                config.task == "translation"
-                and config.bleu_examples
-                and config.bleu_every_steps
-                and step % config.bleu_every_steps == 0
-                and step < total
-            ):
-                scores, _ = evaluate.validation_bleu(
-                    config,
-                    dataset,
-                    model,
-                    distributed.host_copy(state.params),
-                    beam_size=config.beam_size,
-                )
-                writer.write(step, "bleu", {k: scores[k] for k in ("bleu", "chrf")})
-                say(
-                    f"step {step}: validation BLEU {scores['bleu']:.2f}, chrF "
-                    f"{scores['chrf']:.2f} ({scores['examples']} sentences, {scores['decoding']})"
-                )
+            if config.bleu_every_steps and step % config.bleu_every_steps == 0 and step < total:
+                scored = task.interim_scores(config, dataset, model, state.params)
+                if scored is not None:
+                    split, record, line = scored
+                    writer.write(step, split, record)
+                    say(f"step {step}: {line}")
             if step % config.checkpoint_every_steps == 0 or step == total:
                 save(step)
             if step % config.log_every_steps == 0:
@@ -285,16 +253,14 @@ def _run(config, workdir: pathlib.Path, checkpointer: Checkpointer, step_callbac
     results = {
         "step": step,
         "valid": valid,
-        **evaluate.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
+        **task.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
     }
     if "bleu" in results:
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
     writer.close()
     if not primary:
         return results
-    plot_loss_curve(workdir)
-    atomic_write_text(
-        workdir / RESULTS_FILE, json.dumps(results, indent=2, ensure_ascii=False) + "\n"
-    )
+    plot_loss_curve(run)
+    atomic_write_text(run.results, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(evaluate.format_report(results), flush=True)
     return results

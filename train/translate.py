@@ -7,6 +7,7 @@ unless beam_size > 1); `--beam_size` overrides it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 from absl import app, flags
@@ -25,7 +26,9 @@ def main(argv: list[str]) -> None:
     sentences = [s for s in sentences if s]
     if not sentences:
         raise app.UsageError("Give sentences as arguments or on stdin, one per line.")
-    from train import evaluate, inference
+    from train import inference
+    from train.decoding import DecodeOptions, translate
+    from train.tasks import get_task
 
     quiet_library_logs()
 
@@ -35,21 +38,19 @@ def main(argv: list[str]) -> None:
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:
         die(str(err))
-    if trained.config.task != "translation":
+    task = get_task(trained.config.task)
+    if task.tool != "train.translate":
         die(
-            f"{FLAGS.workdir} holds a task={trained.config.task!r} model; use "
-            "`python -m train.sample` for language models."
+            f"{FLAGS.workdir} holds a task={task.name!r} model; use "
+            f"`python -m {task.tool}` for {task.models}."
         )
-    config = trained.config
-    with config.unlocked():
-        if FLAGS.beam_size:
-            config.beam_size = FLAGS.beam_size
-        if FLAGS.batch_size:
-            config.decode_batch_size = FLAGS.batch_size
+    options = DecodeOptions.from_config(trained.config)
+    if FLAGS.beam_size:
+        options = dataclasses.replace(options, beam_size=FLAGS.beam_size)
+    if FLAGS.batch_size:
+        options = dataclasses.replace(options, batch_size=FLAGS.batch_size)
     try:
-        outputs = evaluate.translate(
-            trained.model, trained.params, trained.tokenizer, sentences, config
-        )
+        outputs = translate(trained.model, trained.params, trained.tokenizer, sentences, options)
     except ValueError as err:
         die(str(err))
     for line in outputs:

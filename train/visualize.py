@@ -43,7 +43,7 @@ from matplotlib import pyplot as plt  # noqa: E402
 from flax_transformer import DecoderOnlyTransformer, sinusoidal_positions  # noqa: E402
 from train.cli import RUN_ERROR, die, quiet_library_logs  # noqa: E402
 from train.errors import RunFailure  # noqa: E402
-from train.workdir import WorkdirLock, atomic_savefig  # noqa: E402
+from train.rundir import RunDir, WorkdirLock, atomic_savefig  # noqa: E402
 
 DPI = 100
 CELL_INCHES = 2.4  # each heatmap panel is CELL_INCHES square (plus margins)
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"prompt + continuation: {tok.decode(tgt_ids)}")
     else:
         print(f"source: {args.text}\ntranslation: {generated}")
-    html_default = pathlib.Path(args.workdir) / "pictures" / "explorer.html"
+    html_default = RunDir(args.workdir).explorer
     html_path = pathlib.Path(args.out) if args.out else html_default
     out = html_path.parent if args.html else pathlib.Path(args.out or html_default.parent)
     try:

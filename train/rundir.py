@@ -1,7 +1,18 @@
-"""The work directory of a run: created, checked and locked before any compute is spent.
+"""The run directory: every file name inside it, and how it is created, locked and written.
+
+One run = one work directory; `RunDir` is the only place the names of its files are written:
+  lock                    the pid and host of the run holding the directory's flock
+  config.json             the config of the run (a rerun must keep its identity fields)
+  data_fingerprint.json   sizes and hash of the train/validation data (a rerun must match)
+  spm_<V>.model           the SentencePiece model, trained on the train split on first use
+  checkpoints/<step>      orbax checkpoints: train state + data-stream position
+  metrics.jsonl           train / valid / bleu records; tensorboard/ the same scalars
+  loss_curve.png          train and validation loss against step
+  results.json            the final validation metrics, BLEU/chrF and samples
+  pictures/               what `train.visualize` draws (explorer.html among them)
 
 Only one run may write a work directory at a time: `WorkdirLock` holds an exclusive
-`fcntl.flock` on `workdir/lock` for the whole run. The kernel releases a flock when its
+`fcntl.flock` on its lock file for the whole run. The kernel releases a flock when its
 process exits, however it exits (a kill -9 or a crash included), so a lock file left behind
 is never stale: the next run simply takes the lock. The file keeps the holder's pid and host
 only to name them in the message of a run that finds the directory in use.
@@ -9,6 +20,7 @@ only to name them in the message of a run that finds the directory in use.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -18,7 +30,64 @@ import tempfile
 
 from train.errors import DamagedFileError, RunFailure
 
-LOCK_FILE = "lock"
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory's files (nothing is created by naming them).
+
+    Attributes:
+        path: the directory (`--workdir`).
+    """
+
+    path: pathlib.Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", pathlib.Path(self.path))
+
+    @property
+    def lock(self) -> pathlib.Path:
+        return self.path / "lock"
+
+    @property
+    def config(self) -> pathlib.Path:
+        return self.path / "config.json"
+
+    @property
+    def data_fingerprint(self) -> pathlib.Path:
+        return self.path / "data_fingerprint.json"
+
+    def tokenizer_model(self, vocab_size: int) -> pathlib.Path:
+        """The SentencePiece model of a `vocab_size` vocabulary."""
+        return self.path / f"spm_{vocab_size}.model"
+
+    @property
+    def checkpoints(self) -> pathlib.Path:
+        """Absolute, as orbax wants it."""
+        return self.path.absolute() / "checkpoints"
+
+    @property
+    def metrics(self) -> pathlib.Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> pathlib.Path:
+        return self.path / "tensorboard"
+
+    @property
+    def loss_curve(self) -> pathlib.Path:
+        return self.path / "loss_curve.png"
+
+    @property
+    def results(self) -> pathlib.Path:
+        return self.path / "results.json"
+
+    @property
+    def pictures(self) -> pathlib.Path:
+        return self.path / "pictures"
+
+    @property
+    def explorer(self) -> pathlib.Path:
+        return self.pictures / "explorer.html"
 
 
 def prepare_workdir(workdir: str | os.PathLike) -> pathlib.Path:
@@ -132,7 +201,7 @@ class WorkdirLock:
         """
         self.workdir = pathlib.Path(workdir)
         self.flag = flag
-        self.path = self.workdir / LOCK_FILE
+        self.path = RunDir(self.workdir).lock
         self._file = None
 
     def __enter__(self) -> WorkdirLock:

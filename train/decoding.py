@@ -1,0 +1,199 @@
+"""Decoding with a trained model: translation and sampling, for evaluation and the CLI tools.
+
+Both go through `flax_transformer.generate_translation` and `generate_text` (KV-cache
+decoding; greedy unless the options ask for beams or sampling). What they read of the
+experiment config travels as one frozen `DecodeOptions`, built once with `from_config`; a
+command-line flag changes a copy (`dataclasses.replace`), never the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from flax_transformer import generate_text, generate_translation
+from train.batching import default_bucket_lengths
+from train.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode; the defaults are those of `configs/default.py`.
+
+    Attributes:
+        max_len: the model's longest sequence (sources, and prompt + continuation).
+        bucket_lengths: source lengths padded to (few shapes compile); () = powers of two
+            from 8, then max_len.
+        batch_size: sentences translated together.
+        max_decode_len: tokens generated at most; 0 = as many as fit.
+        beam_size: beam width; 1 = greedy.
+        length_penalty: beam search length penalty alpha (GNMT).
+        temperature: sampling temperature; 0 = greedy.
+        top_k: sample among the k most likely tokens; 0 = all.
+        top_p: nucleus sampling mass; 1 = off.
+        seed: the sampling key's seed when no key is given.
+    """
+
+    max_len: int
+    bucket_lengths: tuple[int, ...] = ()
+    batch_size: int = 64
+    max_decode_len: int = 0
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> DecodeOptions:
+        """The options an experiment config sets."""
+        return cls(
+            max_len=config.max_len,
+            bucket_lengths=tuple(config.bucket_lengths),
+            batch_size=config.decode_batch_size,
+            max_decode_len=config.max_decode_len,
+            beam_size=config.beam_size,
+            length_penalty=config.length_penalty,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            seed=config.seed,
+        )
+
+
+def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
+    ids = ids.tolist()
+    return ids[: ids.index(eos_id)] if eos_id in ids else ids
+
+
+def _pad_rows(rows: list[list[int]], num_rows: int, length: int) -> np.ndarray:
+    """(num_rows, length) int32, right-padded; missing rows repeat the last one, so they
+    finish decoding with it instead of running to the length limit."""
+    rows = rows + [rows[-1]] * (num_rows - len(rows))
+    out = np.zeros((num_rows, length), np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+def translate(
+    model,
+    params: Any,
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    options: DecodeOptions,
+) -> list[str]:
+    """Translates sentences (greedy, or beam search when `options.beam_size` > 1).
+
+    Sources are sorted by length and padded to the bucket lengths, so few shapes compile.
+
+    Args:
+        model: a `Transformer`.
+        params: its parameters (the 'params' collection).
+        tokenizer: the run's tokenizer.
+        sources: source sentences.
+        options: max_len, bucket_lengths, batch_size, max_decode_len, beam_size,
+            length_penalty.
+
+    Returns:
+        One translation per source, in the input order.
+
+    Raises:
+        ValueError: a source longer than max_len tokens.
+    """
+    encoded = [tokenizer.encode(text) for text in sources]
+    for index, ids in enumerate(encoded):
+        if len(ids) > options.max_len:
+            raise ValueError(
+                f"Source {index} has {len(ids)} tokens, more than max_len={options.max_len}: "
+                f"{sources[index][:60]!r}...; shorten it."
+            )
+    buckets = options.bucket_lengths or default_bucket_lengths(options.max_len)
+    max_new = options.max_decode_len or options.max_len - 1
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    outputs: list[str] = [""] * len(encoded)
+    size = options.batch_size
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        rows = [encoded[i] or [tokenizer.eos_id] for i in chunk]
+        length = next(b for b in buckets if b >= max(len(r) for r in rows))
+        generated = generate_translation(
+            model,
+            {"params": params},
+            _pad_rows(rows, size, length),
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            max_new_tokens=max_new,
+            beam_size=options.beam_size,
+            length_penalty=options.length_penalty,
+        )
+        generated = np.asarray(jax.device_get(generated))
+        for row, index in enumerate(chunk):
+            outputs[index] = tokenizer.decode(_cut_at_eos(generated[row], tokenizer.eos_id))
+    return outputs
+
+
+def sample_text(
+    model,
+    params: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[str],
+    options: DecodeOptions,
+    rng: jax.Array | None = None,
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """Continues each prompt with the language model (greedy unless temperature > 0).
+
+    Args:
+        model: a `DecoderOnlyTransformer`.
+        params: its parameters.
+        tokenizer: the run's tokenizer.
+        prompts: text prompts; each is fed as BOS + its tokens.
+        options: max_len, max_decode_len, temperature, top_k, top_p (the last two only
+            when temperature > 0: greedy decoding has nothing for them to filter), seed.
+        rng: PRNG key for sampling (default: key(options.seed)).
+        max_new_tokens: tokens to generate (default: max_decode_len, or as many as fit).
+
+    Returns:
+        The prompt followed by its continuation, one string per prompt.
+
+    Raises:
+        ValueError: a prompt leaves no room for new tokens within max_len.
+    """
+    rows = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    longest = max(len(r) for r in rows)
+    room = options.max_len - longest
+    max_new = max_new_tokens or options.max_decode_len or room
+    if max_new < 1 or max_new > room:
+        raise ValueError(
+            f"A prompt of {longest - 1} tokens leaves room for {room} new tokens within "
+            f"max_len={options.max_len}, but {max_new} were asked; shorten the prompt."
+        )
+    sampling = {}
+    if options.temperature > 0:  # greedy otherwise: top_k/top_p would be refused, not ignored
+        sampling = dict(
+            temperature=options.temperature,
+            top_k=options.top_k,
+            top_p=options.top_p,
+            rng=jax.random.key(options.seed) if rng is None else rng,
+        )
+    generated = generate_text(
+        model,
+        {"params": params},
+        _pad_rows(rows, len(rows), longest),
+        np.asarray([len(r) for r in rows], np.int32),
+        eos_id=tokenizer.eos_id,
+        max_new_tokens=max_new,
+        **sampling,
+    )
+    generated = np.asarray(jax.device_get(generated))
+    return [
+        tokenizer.decode(row[1:] + _cut_at_eos(generated[i], tokenizer.eos_id))
+        for i, row in enumerate(rows)
+    ]

@@ -1,0 +1,312 @@
+"""What differs between translation and language modelling, in one class each.
+
+A task owns the model it trains, the inputs that initialise it, the logits and labels of a
+batch, how its examples become batches, and what a run decodes and reports at the end. The
+rest of `train/` asks `get_task(config.task)` and never branches on a task's name: adding a
+task means adding one class to `TASKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+
+from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
+from train import batching, distributed, evaluate
+from train.batching import WHOLE_BATCH, RowShare
+from train.decoding import DecodeOptions, sample_text
+
+# Shape of the dummy batch used to initialise parameters (no parameter depends on it).
+_INIT_BATCH_SHAPE = (1, 8)
+
+Batch = dict[str, np.ndarray]
+
+
+def bucket_lengths(config: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """The config's bucket lengths, or the default ones up to max_len."""
+    return tuple(config.bucket_lengths) or batching.default_bucket_lengths(config.max_len)
+
+
+def drop_target_tokens(
+    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
+) -> jax.Array:
+    """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
+
+    The decoder can then predict less from its own prefix and must read the source: it
+    learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
+    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
+    the labels are untouched.
+
+    Args:
+        tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
+        rate: replacement probability in [0, 1).
+        key: PRNG key.
+        unk_id, pad_id: the tokenizer's unknown and padding ids.
+
+    Returns:
+        `(B, T)` ids of the same dtype.
+    """
+    drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
+    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
+    return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
+
+
+class Task:
+    """One kind of training run; subclasses fill in every member.
+
+    Attributes:
+        name: the `config.task` value.
+        corpora: the `config.corpus` values whose examples this task reads.
+        hf_fields: how many fields of a Hugging Face row make one example.
+        own_fields: config fields that apply to this task only (0 / False for the others).
+        model_inputs: the batch keys fed to the model (the tokens a step processes).
+        tool: the command-line program that decodes a trained model of this task.
+        models: what such models are called, for messages ("translation models").
+        reports_bits_per_char: whether validation adds bits per character.
+    """
+
+    name: str
+    corpora: tuple[str, ...]
+    hf_fields: int
+    own_fields: tuple[str, ...]
+    model_inputs: tuple[str, ...]
+    tool: str
+    models: str
+    reports_bits_per_char: bool = False
+
+    def make_model(self, model_config: TransformerConfig) -> nn.Module:
+        raise NotImplementedError
+
+    def init_inputs(self) -> tuple[jax.Array, ...]:
+        """Dummy inputs for `model.init`."""
+        raise NotImplementedError
+
+    def logits_and_labels(
+        self, model: nn.Module, params: Any, batch, *, deterministic: bool, rngs=None
+    ) -> tuple[jax.Array, jax.Array]:
+        """The loss inputs of a batch: `(B, L, V)` logits and `(B, L)` labels."""
+        raise NotImplementedError
+
+    def example_length(self, example) -> int:
+        """The padded length a tokenized example needs (see `batching`)."""
+        raise NotImplementedError
+
+    def batches(
+        self,
+        config: ml_collections.ConfigDict,
+        examples: Sequence,
+        rng: np.random.Generator | None,
+        num_devices: int,
+        share: RowShare = WHOLE_BATCH,
+    ) -> list[Batch]:
+        """Batches of tokenized examples as the config says; only `share`'s rows are built."""
+        raise NotImplementedError
+
+    def targets(self, examples: Sequence) -> list:
+        """The target side of each example (ids or text): what the model is scored on."""
+        raise NotImplementedError
+
+    def tokens_in(self, batch: Batch) -> int:
+        """Non-padding tokens fed to the model by a numpy batch."""
+        return int(sum(np.count_nonzero(batch[key]) for key in self.model_inputs))
+
+    def drop_decoder_inputs(self, batch, rate: float, key, *, unk_id: int, pad_id: int):
+        """The batch with word dropout applied to its decoder inputs, where the task has any."""
+        del rate, key, unk_id, pad_id
+        return batch
+
+    def interim_scores(
+        self, config: ml_collections.ConfigDict, dataset, model: nn.Module, params: Any
+    ) -> tuple[str, dict, str] | None:
+        """Scores computed during training: (metrics split, record, line to print), or None.
+
+        Every process of a run calls it (any decoding is shared), with the placed params.
+        """
+        del config, dataset, model, params
+        return None
+
+    def final_outputs(
+        self, config: ml_collections.ConfigDict, dataset, model: nn.Module, params: Any
+    ) -> dict:
+        """What a run ends with besides the validation loss (scores, samples)."""
+        raise NotImplementedError
+
+
+class TranslationTask(Task):
+    """Encoder-decoder translation of (source, target) pairs, scored by BLEU and chrF."""
+
+    name = "translation"
+    corpora = ("bible", "kjv-web", "tsv", "hf")
+    hf_fields = 2
+    own_fields = ("copied_targets", "target_token_dropout")
+    model_inputs = ("src", "tgt_in")
+    tool = "train.translate"
+    models = "translation models"
+
+    def make_model(self, model_config):
+        return Transformer(model_config)
+
+    def init_inputs(self):
+        dummy = jnp.ones(_INIT_BATCH_SHAPE, jnp.int32)
+        return dummy, dummy
+
+    def logits_and_labels(self, model, params, batch, *, deterministic, rngs=None):
+        logits = model.apply(
+            {"params": params},
+            batch["src"],
+            batch["tgt_in"],
+            deterministic=deterministic,
+            rngs=rngs,
+        )
+        return logits, batch["tgt_out"]
+
+    def example_length(self, example):
+        return batching.pair_length(example)
+
+    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH):
+        return batching.translation_batches(
+            examples, rng=rng, share=share, **_bucketing(config, num_devices)
+        )
+
+    def targets(self, examples):
+        return [target for _, target in examples]
+
+    def drop_decoder_inputs(self, batch, rate, key, *, unk_id, pad_id):
+        batch = dict(batch)
+        batch["tgt_in"] = drop_target_tokens(
+            batch["tgt_in"], rate, key, unk_id=unk_id, pad_id=pad_id
+        )
+        return batch
+
+    def interim_scores(self, config, dataset, model, params):
+        if not config.bleu_examples:
+            return None
+        scores, _ = evaluate.validation_bleu(
+            config, dataset, model, distributed.host_copy(params), beam_size=config.beam_size
+        )
+        return (
+            "bleu",
+            {k: scores[k] for k in ("bleu", "chrf")},
+            f"validation BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
+            f"({scores['examples']} sentences, {scores['decoding']})",
+        )
+
+    def final_outputs(self, config, dataset, model, params):
+        """On the first `bleu_examples` validation pairs: BLEU/chrF and the share of looping
+        outputs for greedy decoding and for beam search (`report_beam_size`), the
+        copy-the-source baseline where the config asks for it, and `num_samples` pairs side
+        by side.
+
+        Returns:
+            {'bleu': greedy scores, 'bleu_beam': beam scores (if report_beam_size > 1),
+            'copy_baseline': {bleu, chrf} (if copy_baseline), 'samples': [{source,
+            reference, model[, model_beam]}]}; no scores when bleu_examples is 0.
+        """
+        pairs = dataset.valid_examples[: config.bleu_examples]
+        if not pairs:
+            return {"samples": []}
+        results = {}
+        results["bleu"], greedy = evaluate.validation_bleu(config, dataset, model, params)
+        shown = range(min(config.num_samples, len(pairs)))
+        samples = [
+            {"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown
+        ]
+        if config.report_beam_size > 1:
+            results["bleu_beam"], beam = evaluate.validation_bleu(
+                config, dataset, model, params, beam_size=config.report_beam_size
+            )
+            for i in shown:
+                samples[i]["model_beam"] = beam[i]
+        if config.copy_baseline:
+            sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+            results["copy_baseline"] = {
+                **evaluate.bleu_and_chrf(sources, references, config.bleu_tokenize),
+                "repeated_4gram": evaluate.repeated_ngram_share(sources),
+            }
+        return {**results, "samples": samples}
+
+
+class LanguageModelTask(Task):
+    """Decoder-only language modelling of text lines, reported in bits per character too."""
+
+    name = "lm"
+    corpora = ("kjv", "text", "hf")
+    hf_fields = 1
+    own_fields = ("packed",)
+    model_inputs = ("inputs",)
+    tool = "train.sample"
+    models = "language models"
+    reports_bits_per_char = True
+
+    def make_model(self, model_config):
+        return DecoderOnlyTransformer(model_config)
+
+    def init_inputs(self):
+        return (jnp.ones(_INIT_BATCH_SHAPE, jnp.int32),)
+
+    def logits_and_labels(self, model, params, batch, *, deterministic, rngs=None):
+        logits = model.apply(
+            {"params": params}, batch["inputs"], deterministic=deterministic, rngs=rngs
+        )
+        return logits, batch["targets"]
+
+    def example_length(self, example):
+        return batching.document_length(example)
+
+    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH):
+        if config.packed:
+            return batching.packed_lm_batches(
+                examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
+            )
+        return batching.lm_batches(
+            examples, rng=rng, share=share, **_bucketing(config, num_devices)
+        )
+
+    def targets(self, examples):
+        return list(examples)
+
+    def final_outputs(self, config, dataset, model, params):
+        """The `sample_prompts` continued by the model: {'samples': [{prompt, model}]}."""
+        prompts = list(config.sample_prompts)
+        if not prompts:
+            return {"samples": []}
+        options = DecodeOptions.from_config(config)
+        outputs = sample_text(model, params, dataset.tokenizer, prompts, options)
+        return {
+            "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
+        }
+
+
+def _bucketing(config: ml_collections.ConfigDict, num_devices: int) -> dict:
+    """The bucketed batchers' shape arguments, as the config sets them."""
+    return dict(
+        bucket_lengths=bucket_lengths(config),
+        batch_size=config.batch_size or None,
+        tokens_per_batch=config.tokens_per_batch or None,
+        batch_size_multiple=num_devices,
+    )
+
+
+TASKS: dict[str, Task] = {task.name: task for task in (TranslationTask(), LanguageModelTask())}
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name`.
+
+    Raises:
+        ValueError: no task has that name (names the choices).
+    """
+    if name not in TASKS:
+        raise ValueError(f"task={name!r} is not one of {tuple(TASKS)}.")
+    return TASKS[name]
+
+
+def owners(field: str) -> str:
+    """The tasks a task-specific config field applies to, for messages: "'lm'"."""
+    return " or ".join(repr(name) for name, task in TASKS.items() if field in task.own_fields)
