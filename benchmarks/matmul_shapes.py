@@ -1,0 +1,113 @@
+"""The matmuls of one dec_small training step, alone, in jax and in torch (one process each).
+
+    python -m benchmarks.matmul_shapes
+
+A minimal reproduction for the training-speed gap to torch eager on a CPU: if XLA runs the
+step's own matmul shapes (forward and both gradient forms) slower than torch does, the gap
+is in the matmul kernels, not in our model code. Each framework runs in its own process
+(their thread pools would interfere); each shape is timed as the median of 20 calls after
+a warm-up, float32.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from benchmarks.common import SIZES, machine_line
+
+# (name, M, K, N, A transposed, B transposed) of C = A (M, K) @ B (K, N) in a dec_small step,
+# T = batch x length tokens. A transposed operand is stored the other way round, as the
+# backward pass has it: dW = X^T dY with X stored (T, D); dX = dY W^T with W stored (D, V).
+_S = SIZES["dec_small"]
+_T = _S.batch * _S.tgt_len
+SHAPES = [
+    ("qkv fwd", _T, _S.d_model, 3 * _S.d_model, False, False),
+    ("ffn in fwd", _T, _S.d_model, _S.d_ff, False, False),
+    ("ffn out fwd", _T, _S.d_ff, _S.d_model, False, False),
+    ("logits fwd", _T, _S.d_model, _S.vocab, False, False),
+    ("logits dX = dY W^T", _T, _S.vocab, _S.d_model, False, True),
+    ("logits dW = X^T dY", _S.d_model, _T, _S.vocab, True, False),
+    ("ffn in dW = X^T dY", _S.d_model, _T, _S.d_ff, True, False),
+]
+
+
+def _operands(m, k, n, ta, tb, make):
+    """A (M, K) and B (K, N), each built transposed-in-storage where the flag says."""
+    a = make((k, m)) if ta else make((m, k))
+    b = make((n, k)) if tb else make((k, n))
+    return a, b
+
+
+_STEPS = 20
+
+
+def _time_jax() -> dict[str, float]:
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    out = {}
+    rng = np.random.default_rng(0)
+    for name, m, k, n, ta, tb in SHAPES:
+        a, b = _operands(
+            m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+        )
+        f = jax.jit(lambda x, y, ta=ta, tb=tb: (x.T if ta else x) @ (y.T if tb else y))
+        f(a, b).block_until_ready()
+        times = []
+        for _ in range(_STEPS):
+            start = time.perf_counter()
+            f(a, b).block_until_ready()
+            times.append(time.perf_counter() - start)
+        out[name] = float(np.median(times))
+    return out
+
+
+def _time_torch() -> dict[str, float]:
+    import time
+
+    import numpy as np
+    import torch
+
+    out = {}
+    for name, m, k, n, ta, tb in SHAPES:
+        a, b = _operands(m, k, n, ta, tb, lambda s: torch.randn(*s))
+        a, b = (a.T if ta else a), (b.T if tb else b)  # strided views, as autograd passes them
+        a @ b
+        times = []
+        for _ in range(_STEPS):
+            start = time.perf_counter()
+            a @ b
+            times.append(time.perf_counter() - start)
+        out[name] = float(np.median(times))
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) > 1:  # a worker: time one framework, print JSON
+        print(json.dumps(_time_jax() if sys.argv[1] == "jax" else _time_torch()))
+        return
+    results = {}
+    for framework in ("jax", "torch"):
+        run = subprocess.run(
+            [sys.executable, "-m", "benchmarks.matmul_shapes", framework],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        results[framework] = json.loads(run.stdout.strip().splitlines()[-1])
+    print(f"# machine: {machine_line()}; float32, median of {_STEPS}")
+    print(f"{'matmul (M x K x N)':<38} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14} {'jax/torch':>10}")
+    for name, m, k, n, _, _ in SHAPES:
+        flops = 2 * m * k * n
+        j, t = flops / results["jax"][name] / 1e9, flops / results["torch"][name] / 1e9
+        label = f"{name} ({m}x{k}x{n})"
+        print(f"{label:<38} {j:12.1f} {t:14.1f} {j / t:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
