@@ -35,14 +35,21 @@ def test_non_finite_config_floats_are_rejected(field, value, tmp_path):
         config_lib.validate_config(config)
 
 
-def _run_main(*args, timeout=120):
+def _run(module, *args, timeout=120, code=None):
+    """Runs `python -m module args` in the repository (or `python -c code args` when `code`
+    is given), capturing its output."""
+    how = ["-c", code] if code is not None else ["-m", module]
     return subprocess.run(
-        [sys.executable, "-m", "train.main", *args],
+        [sys.executable, *how, *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=timeout,
     )
+
+
+def _run_main(*args, timeout=120):
+    return _run("train.main", *args, timeout=timeout)
 
 
 def _one_error_line(result) -> str:
@@ -128,13 +135,7 @@ def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
         "sys.argv = ['train.main', *sys.argv[1:]]\n"
         "main.run()\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    result = _run(None, *_tiny_args(tmp_path, workdir), timeout=120, code=script)
     assert result.returncode == RUN_ERROR
     line = _one_error_line(result)
     assert line == (
@@ -232,13 +233,7 @@ def test_damaged_config_json_is_one_line_in_train_and_translate(content, finishe
     line = _one_error_line(train)
     assert line.startswith(f"error: {workdir / 'config.json'} {what}")
     assert "; delete it and rerun with the run's --config" in line
-    translate = subprocess.run(
-        [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    translate = _run("train.translate", "--workdir", str(workdir), "ab cd")
     assert translate.returncode == RUN_ERROR
     line = _one_error_line(translate)
     assert line.startswith(f"error: {workdir / 'config.json'} {what}")
@@ -251,13 +246,7 @@ def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run,
     shutil.copytree(run, workdir)
     for path in RunDir(workdir).checkpoints.rglob("manifest.ocdbt"):
         path.write_bytes(b"garbage")
-    result = subprocess.run(
-        [sys.executable, "-m", "train.translate", "--workdir", str(workdir), "ab cd"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    result = _run("train.translate", "--workdir", str(workdir), "ab cd")
     assert result.returncode == RUN_ERROR
     line = _one_error_line(result)
     assert line.startswith(
@@ -343,13 +332,7 @@ def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
         "main.run()\n"
     )
     workdir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = _run(None, *_tiny_args(tmp_path, workdir), timeout=300, code=script)
     assert result.returncode == RUN_ERROR
     assert _one_error_line(result) == (
         f"error: [Errno 28] No space left on device: '{workdir / 'metrics.jsonl'}' ; fix the "
@@ -489,13 +472,7 @@ def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
         "main.run()\n"
     )
     workdir = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-c", script, *_tiny_args(tmp_path, workdir)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    result = _run(None, *_tiny_args(tmp_path, workdir), timeout=300, code=script)
     assert result.returncode == RUN_ERROR
     line = _one_error_line(result)
     assert line.startswith(
@@ -517,14 +494,7 @@ def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_pat
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
-        result = subprocess.run(
-            [sys.executable, "-m", "train.visualize", "--workdir", str(run), "--text", "ab"]
-            + ["--out", str(out)],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            timeout=120,
-        )
+        result = _run("train.visualize", "--workdir", str(run), "--text", "ab", "--out", str(out))
     finally:
         holder.kill()
         holder.wait()
@@ -534,13 +504,7 @@ def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_pat
     assert line.endswith("; wait for it to finish or stop it, or pass another --out.")
     assert sorted(p.name for p in out.iterdir()) == ["lock"]  # nothing written
 
-    missing = subprocess.run(
-        [sys.executable, "-m", "train.visualize", "--workdir", str(tmp_path), "--text", "ab"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
+    missing = _run("train.visualize", "--workdir", str(tmp_path), "--text", "ab")
     assert missing.returncode == USAGE_ERROR
     assert _one_error_line(missing).startswith(
         f"error: {tmp_path / 'config.json'} not found: {tmp_path} is not a training run "
