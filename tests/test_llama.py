@@ -56,8 +56,10 @@ def _hf_llama(kv_heads=2, tie=False, model_type="llama", seed=0):
 
 
 def _tokens(seed, shape=(2, 17)):
-    """Ids without our pad id 0 (Llama masks no padding)."""
-    return np.random.default_rng(seed).integers(1, V, shape)
+    """Token ids, 0 included: imported models pad with an extra id, so every id is real."""
+    tokens = np.random.default_rng(seed).integers(0, V, shape)
+    tokens[:, ::5] = 0
+    return tokens
 
 
 def _hf_logits(model, tokens):
@@ -79,9 +81,11 @@ def test_load_llama_logits(case):
     config, variables = load_llama(hf_model)
     assert config.positional == "rope" and config.rope_base == 500.0
     assert config.kv_heads == CASES[case]["kv_heads"]
+    assert (config.vocab_size, config.pad_id) == (V + 1, V)
     tokens = _tokens(1)
     got = jax.jit(DecoderOnlyTransformer(config).apply)(variables, jnp.asarray(tokens))
-    np.testing.assert_allclose(np.asarray(got), _hf_logits(hf_model, tokens), atol=ATOL, rtol=RTOL)
+    expected = _hf_logits(hf_model, tokens)
+    np.testing.assert_allclose(np.asarray(got)[..., :V], expected, atol=ATOL, rtol=RTOL)
 
 
 def test_load_llama_from_a_directory_with_scanned_layers(tmp_path):
@@ -90,7 +94,8 @@ def test_load_llama_from_a_directory_with_scanned_layers(tmp_path):
     config, variables = load_llama(tmp_path, scan_layers=True)
     tokens = _tokens(2)
     got = DecoderOnlyTransformer(config).apply(variables, jnp.asarray(tokens))
-    np.testing.assert_allclose(np.asarray(got), _hf_logits(hf_model, tokens), atol=ATOL, rtol=RTOL)
+    expected = _hf_logits(hf_model, tokens)
+    np.testing.assert_allclose(np.asarray(got)[..., :V], expected, atol=ATOL, rtol=RTOL)
 
 
 def test_greedy_generation_equals_transformers():
@@ -155,12 +160,21 @@ def test_export_llama_round_trip(changes, tmp_path):
     variables = {"params": jax.tree.unflatten(tree, noisy)}
     export_llama(config, variables, tmp_path, bos_token_id=1, eos_token_id=2)
     hf_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path, local_files_only=True)
-    tokens = _tokens(5)
+    # Our model masks its pad id 0, the exported Llama does not: compare without it.
+    tokens = np.random.default_rng(5).integers(1, V, (2, 17))
     ours = np.asarray(model.apply(variables, jnp.asarray(tokens)))
     np.testing.assert_allclose(_hf_logits(hf_model.eval(), tokens), ours, atol=ATOL, rtol=RTOL)
-    # And back: load_llama of the exported directory gives the same parameters.
+    # And back: load_llama of the exported directory gives the same parameters, plus the
+    # zero row (and output column) of its added pad id.
     config_back, variables_back = load_llama(tmp_path, scan_layers=config.scan_layers)
     assert (config_back.kv_heads, config_back.rope_base) == (config.kv_heads, 1000.0)
+    assert (config_back.vocab_size, config_back.pad_id) == (V + 1, V)
+    back = variables_back["params"]
+    np.testing.assert_array_equal(np.asarray(back["embed"]["embedding"][V]), 0.0)
+    back["embed"]["embedding"] = back["embed"]["embedding"][:V]
+    if "logits" in back["decoder"]:
+        np.testing.assert_array_equal(np.asarray(back["decoder"]["logits"]["kernel"][:, V]), 0)
+        back["decoder"]["logits"]["kernel"] = back["decoder"]["logits"]["kernel"][:, :V]
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6),
         variables_back,

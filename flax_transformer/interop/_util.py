@@ -6,6 +6,7 @@ numpy, so these helpers run (and are testable) without torch installed.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -89,3 +90,27 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
 def dummy_tokens() -> jax.Array:
     """A `(1, 1)` token batch to trace `model.init` with."""
     return jnp.zeros((1, 1), jnp.int32)
+
+
+def load_hf_model(model_or_path: Any, class_name: str, caller: str) -> Any:
+    """A `transformers` model object as given, or `class_name.from_pretrained` of a local
+    directory (`local_files_only`: never downloads).
+
+    Args:
+      model_or_path: a model object, or the path of a `save_pretrained` directory.
+      class_name: the `transformers` class that loads the directory.
+      caller: the public function's name, for messages.
+    """
+    if not isinstance(model_or_path, (str, os.PathLike)):
+        return model_or_path
+    path = os.fspath(model_or_path)
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"{caller}: {path!r} is not a directory; pass a model object or a local directory "
+            "written by save_pretrained (config.json + weights)."
+        )
+    try:
+        import transformers
+    except ImportError as err:
+        raise ImportError(f"{caller} from a directory needs `transformers` (and torch).") from err
+    return getattr(transformers, class_name).from_pretrained(path, local_files_only=True)

@@ -163,6 +163,20 @@ def gpt2_hf_config(
     }
 
 
+def write_hf_directory(
+    tensors: dict[str, np.ndarray], hf_config: dict[str, Any], directory: str | os.PathLike
+) -> pathlib.Path:
+    """Writes `model.safetensors` (torch-flavoured metadata, as `from_pretrained` expects)
+    and `config.json` into `directory` (created if missing); returns it."""
+    from safetensors.numpy import save_file
+
+    path = pathlib.Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
+    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
 def export_gpt2(
     config: TransformerConfig,
     variables: Any,
@@ -186,12 +200,6 @@ def export_gpt2(
       ValueError: the config has an option GPT-2 cannot express (named), or the params are
         not a decoder-only model's.
     """
-    from safetensors.numpy import save_file
-
     tensors = gpt2_tensors(config, variables)
     hf_config = gpt2_hf_config(config, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
-    path = pathlib.Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_hf_directory(tensors, hf_config, directory)

@@ -24,7 +24,6 @@ rows at EOS. Right-pad prompts with `config.pad_id`, not with GPT-2's EOS.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from flax_transformer.interop._util import (
     dummy_tokens,
     finish_params,
     layer_norm_params,
+    load_hf_model,
     stack_layers,
     to_numpy,
 )
@@ -99,23 +99,6 @@ def gpt2_config(hf_config: Any, **overrides) -> TransformerConfig:
     return TransformerConfig(**fields)
 
 
-def _load_model(model_or_path: Any) -> Any:
-    """A GPT-2 model object, or one loaded from a local directory (never downloads)."""
-    if not isinstance(model_or_path, (str, os.PathLike)):
-        return model_or_path
-    path = os.fspath(model_or_path)
-    if not os.path.isdir(path):
-        raise ValueError(
-            f"load_gpt2: {path!r} is not a directory; pass a model object or a local directory "
-            "written by save_pretrained (config.json + weights)."
-        )
-    try:
-        from transformers import GPT2LMHeadModel
-    except ImportError as err:
-        raise ImportError("load_gpt2 from a directory needs `transformers` (and torch).") from err
-    return GPT2LMHeadModel.from_pretrained(path, local_files_only=True)
-
-
 def _linear(conv: Any, shape: tuple[int, int], name: str) -> tuple[np.ndarray, np.ndarray]:
     """A GPT-2 `Conv1D` -> `(kernel (in, out), bias (out,))`."""
     kernel = check_shape(to_numpy(conv.weight, f"{name}.weight"), shape, f"{name}.weight")
@@ -157,7 +140,7 @@ def load_gpt2(model_or_path: Any, **config_overrides) -> tuple[TransformerConfig
       `(B, T, V + 1)` logits whose first V entries match GPT-2's (the last is the added pad
       id, see the module docstring).
     """
-    model = _load_model(model_or_path)
+    model = load_hf_model(model_or_path, "GPT2LMHeadModel", "load_gpt2")
     hf_config = getattr(model, "config", None)
     if hf_config is None:
         raise TypeError(f"load_gpt2 needs a transformers GPT-2 model, got {type(model).__name__}.")

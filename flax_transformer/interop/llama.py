@@ -23,8 +23,12 @@ attention); Qwen2 adds q/k/v biases but none on o_proj, which our single `attent
 switch cannot express, so it is refused. Scaled RoPE (a `rope_type` other than 'default',
 e.g. Llama 3.1's long context) is refused too.
 
-Padding: our models never attend to `pad_id` keys; Llama has no padding token, so pick a
-`pad_id` that the text never contains (an unused id), or compare on sequences without it.
+Padding: our models never attend to `pad_id` keys, but every Llama id is a real token (a
+`pad_token_id`, where a checkpoint sets one, is often EOS or `<unk>`, which do occur in
+input). As for GPT-2, the imported model gets one extra id, `pad_id = V`, with a zero
+embedding row (and a zero output column): `vocab_size = V + 1`, no Llama token is masked,
+and the last logit is meaningless: use `logits[..., :V]`. Right-pad prompts with
+`config.pad_id`. `export_llama` writes a model's vocabulary as it is, pad id included.
 
 `transformers` and torch are imported only to load from a directory; export writes
 safetensors from numpy arrays.
@@ -32,7 +36,6 @@ safetensors from numpy arrays.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from typing import Any
@@ -45,10 +48,11 @@ from flax_transformer.interop._util import (
     check_shape,
     dummy_tokens,
     finish_params,
+    load_hf_model,
     stack_layers,
     to_numpy,
 )
-from flax_transformer.interop.export import CONFIG_FILE, WEIGHTS_FILE, layer_trees
+from flax_transformer.interop.export import layer_trees, write_hf_directory
 from flax_transformer.models import DecoderOnlyTransformer
 
 _MODEL_TYPES = ("llama", "mistral")
@@ -59,8 +63,8 @@ _HF_ACTIVATIONS = {ours: theirs for theirs, ours in _ACTIVATIONS.items()}
 def llama_config(hf_config: Any, **overrides) -> TransformerConfig:
     """The `TransformerConfig` equivalent to a `transformers.LlamaConfig` (or Mistral's).
 
-    `pad_id` defaults to `pad_token_id` when the checkpoint has one, else 0 (see the module
-    docstring); dropout is 0. `overrides` replace any field (`scan_layers=True`,
+    `vocab_size` is Llama's V + 1 and `pad_id` is V (see the module docstring); dropout
+    is 0. `overrides` replace any field (`scan_layers=True`,
     `dtype='bfloat16'`, `pad_id=...`).
 
     Raises:
@@ -96,10 +100,9 @@ def llama_config(hf_config: Any, **overrides) -> TransformerConfig:
         )
     if problems:
         raise ValueError(f"{model_type} checkpoint not supported: " + "; ".join(problems) + ".")
-    pad_id = getattr(hf_config, "pad_token_id", None)
     fields = dict(
-        vocab_size=hf_config.vocab_size,
-        pad_id=0 if pad_id is None else pad_id,
+        vocab_size=hf_config.vocab_size + 1,
+        pad_id=hf_config.vocab_size,
         d_model=hf_config.hidden_size,
         num_heads=hf_config.num_attention_heads,
         num_kv_heads=hf_config.num_key_value_heads,
@@ -122,23 +125,6 @@ def llama_config(hf_config: Any, **overrides) -> TransformerConfig:
     )
     fields.update(overrides)
     return TransformerConfig(**fields)
-
-
-def _load_model(model_or_path: Any) -> Any:
-    """A Llama-family model object, or one loaded from a local directory (never downloads)."""
-    if not isinstance(model_or_path, (str, os.PathLike)):
-        return model_or_path
-    path = os.fspath(model_or_path)
-    if not os.path.isdir(path):
-        raise ValueError(
-            f"load_llama: {path!r} is not a directory; pass a model object or a local "
-            "directory written by save_pretrained (config.json + weights)."
-        )
-    try:
-        from transformers import AutoModelForCausalLM
-    except ImportError as err:
-        raise ImportError("load_llama from a directory needs `transformers` (and torch).") from err
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
 
 
 def _linear_t(linear: Any, shape: tuple[int, int], name: str) -> np.ndarray:
@@ -197,13 +183,13 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
     Raises:
       ValueError: an unsupported option (named) or a weight of the wrong shape.
     """
-    model = _load_model(model_or_path)
+    model = load_hf_model(model_or_path, "AutoModelForCausalLM", "load_llama")
     hf_config = getattr(model, "config", None)
     if hf_config is None:
         raise TypeError(f"load_llama needs a transformers model, got {type(model).__name__}.")
     config = llama_config(hf_config, **config_overrides)
     body = getattr(model, "model", model)  # *ForCausalLM wraps the base model
-    d, vocab = config.d_model, config.vocab_size
+    d, vocab = config.d_model, config.vocab_size - 1  # Llama's V; id V is our pad id
     decoder = stack_layers(
         [_layer_params(layer, config, f"layers.{i}") for i, layer in enumerate(body.layers)],
         config,
@@ -213,8 +199,10 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
         head = getattr(model, "lm_head", None)
         if head is None:
             raise ValueError("tie_word_embeddings=False needs the *ForCausalLM (its lm_head).")
-        decoder["logits"] = {"kernel": _linear_t(head, (vocab, d), "lm_head")}
+        kernel = _linear_t(head, (vocab, d), "lm_head")
+        decoder["logits"] = {"kernel": np.concatenate([kernel, np.zeros((d, 1), np.float32)], 1)}
     embedding = check_shape(to_numpy(body.embed_tokens.weight), (vocab, d), "embed_tokens")
+    embedding = np.concatenate([embedding, np.zeros((1, d), np.float32)])  # the pad row
     params = {"embed": {"embedding": embedding}, "decoder": decoder}
     return config, finish_params(params, DecoderOnlyTransformer(config), config, dummy_tokens())
 
@@ -335,12 +323,6 @@ def export_llama(
     Raises:
       ValueError: an option Llama's layout cannot hold (named), before anything is written.
     """
-    from safetensors.numpy import save_file
-
     tensors = llama_tensors(config, variables)
     hf_config = llama_hf_config(config, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
-    path = pathlib.Path(directory)
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-    (path / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
-    return path
+    return write_hf_directory(tensors, hf_config, directory)
