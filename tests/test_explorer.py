@@ -20,7 +20,7 @@ from flax import linen as nn
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from train import explorer, visualize
-from train.inference import TrainedModel
+from train.checkpoint import TrainedModel
 from train.tokenizer import ByteTokenizer
 
 CHROMIUM = pathlib.Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -108,7 +108,7 @@ def test_cli_writes_html(tmp_path, monkeypatch, capsys):
     model, params, tok, *_ = _translation()
     config = ml_collections.ConfigDict({"max_len": 32})
     trained = TrainedModel(config, tok, model, params, 0)
-    monkeypatch.setattr("train.inference.load_trained", lambda workdir: trained)
+    monkeypatch.setattr("train.checkpoint.load_trained", lambda workdir: trained)
     out = tmp_path / "page.html"
     visualize.main(["--workdir", str(tmp_path), "--text", "abc", "--html", "--out", str(out)])
     assert out.is_file()

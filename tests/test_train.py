@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import decoding, evaluate, inference, metrics, train_lib
+from train import checkpoint, decoding, metrics, train_lib
 from train.rundir import RunDir
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
@@ -79,7 +79,7 @@ def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
 
 def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
     _, _, results = trained_run
-    report = evaluate.format_report(results)
+    report = metrics.format_report(results)
     assert "model, greedy: BLEU" in report and "model, beam 4: BLEU" in report
     assert "copy the source unchanged (baseline): BLEU" in report
     assert "model (beam):" in report and "% of outputs repeat a 4-gram" in report
@@ -88,15 +88,15 @@ def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
 def test_repeated_ngram_share():
     looping = "to the king of Israel, and to the king of Israel, and"
     texts = [looping, "In the beginning God created the heavens and the earth.", "a a a"]
-    assert evaluate.repeated_ngram_share(texts) == pytest.approx(1 / 3)
-    assert evaluate.repeated_ngram_share(["a a a a a"]) == 1.0  # (a a a a) twice
-    assert evaluate.repeated_ngram_share(texts, n=2) == pytest.approx(2 / 3)  # "a a" twice
-    assert evaluate.repeated_ngram_share([]) == 0.0
+    assert decoding.repeated_ngram_share(texts) == pytest.approx(1 / 3)
+    assert decoding.repeated_ngram_share(["a a a a a"]) == 1.0  # (a a a a) twice
+    assert decoding.repeated_ngram_share(texts, n=2) == pytest.approx(2 / 3)  # "a a" twice
+    assert decoding.repeated_ngram_share([]) == 0.0
 
 
 def test_translate_from_checkpoint(trained_run):
     config, workdir, results = trained_run
-    trained = inference.load_trained(workdir)
+    trained = checkpoint.load_trained(workdir)
     assert trained.step == 300 and trained.config.task == "translation"
     sample = results["samples"][0]
     options = decoding.DecodeOptions.from_config(trained.config)

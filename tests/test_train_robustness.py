@@ -13,9 +13,8 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import config_lib, inference, input_pipeline, metrics, rundir, train_lib
-from train.cli import RUN_ERROR, USAGE_ERROR
-from train.errors import CheckpointError, RunFailure
+from train import checkpoint, config_lib, input_pipeline, metrics, rundir, train_lib
+from train.cli import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
 from train.rundir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -286,7 +285,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     # Inference reads the older checkpoint, says so, and moves nothing.
     with caplog.at_level(logging.WARNING):
-        trained = inference.load_trained(workdir)
+        trained = checkpoint.load_trained(workdir)
     assert trained.step == 4
     [warning] = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
     assert warning.startswith(f"Checkpoint {ckpts / '8'} cannot be restored into the model of")

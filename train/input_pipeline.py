@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 import ml_collections
 import numpy as np
 
-from train import batching, corpora, hf_corpus
+from train import batching, corpora
 from train.batching import WHOLE_BATCH, RowShare
 from train.rundir import RunDir
 from train.tasks import Task, get_task
@@ -76,7 +76,7 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
         return corpora.read_parallel_tsv(config.corpus_path)
     if config.corpus == "hf":
         fields = [f for f in config.hf_fields.split(",") if f]
-        return hf_corpus.load_hf_examples(
+        return corpora.load_hf_examples(
             config.hf_dataset, config.hf_config, config.hf_split, fields
         )
     return corpora.read_text_lines(config.corpus_path)

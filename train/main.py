@@ -10,7 +10,7 @@ run the same command with `--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
 with its own index; see train.distributed and README "Many devices".
 
-Exit status (train.errors): 0 when done; 2 for a usage error, fixed on the command line (a
+Exit status (train.cli): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
 file); 1 for a run failure (a work directory that cannot be written, a disk full or other
 I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
@@ -151,8 +151,8 @@ def main(argv: list[str]) -> None:
     if not distributed.is_primary():
         logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
     from train import train_lib
+    from train.cli import RunFailure
     from train.corpora import CorpusNotFoundError
-    from train.errors import RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     try:

@@ -1,6 +1,7 @@
 """Metrics and logging: summaries of step sums, what the user sees during training (the
 progress bar, interval summaries, divergence checks), and where records go (`metrics.jsonl`,
-TensorBoard events, a loss-curve PNG).
+TensorBoard events, a loss-curve PNG); validation loss (`evaluate_loss`) and the report
+printed at the end of a run (`format_report`).
 
 Step metrics stay on the device until a summary is due (every `log_every_steps`, and before
 every checkpoint), so the host never waits on the accelerator between steps; then they are
@@ -20,12 +21,13 @@ import os
 import pathlib
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
-from train.errors import RunFailure
+from train.cli import RunFailure
 from train.rundir import RunDir, atomic_savefig, atomic_write_text
 
 # The metrics a step returns as sums over its tokens (`train.steps`).
@@ -235,3 +237,81 @@ class TrainLog:
         self.pending = []
         self.restart_clock()
         return summary
+
+
+def evaluate_loss(
+    eval_step: Callable, params: Any, batches: Sequence, put_batch: Callable, chars_per_token=None
+) -> dict[str, float]:
+    """Validation metrics over `batches` (no dropout, no label smoothing).
+
+    Returns:
+        `metrics.summarize` of the summed metrics: loss, nll, perplexity, accuracy, tokens
+        (and bits_per_char when chars_per_token is given).
+    """
+    sums = dict.fromkeys(SUM_KEYS, 0.0)
+    pending = [eval_step(params, put_batch(batch)) for batch in batches]
+    for step_sums in jax.device_get(pending):
+        for key in SUM_KEYS:
+            sums[key] += float(step_sums[key])
+    return summarize(sums, chars_per_token)
+
+
+def format_samples(
+    rows: Sequence[tuple[str, ...]], headers: Sequence[str], width: int = 100
+) -> str:
+    """A text block with one labelled line per field (e.g. source, reference, model) for each
+    sample, samples separated by rules, so the texts line up for comparison."""
+    if not rows:
+        return ""
+    rule = "-" * width
+    blocks = []
+    for row in rows:
+        label_width = max(len(h) for h in headers)
+        blocks.append(
+            "\n".join(
+                f"{h.rjust(label_width)}: {text}" for h, text in zip(headers, row, strict=True)
+            )
+        )
+    return rule + "\n" + f"\n{rule}\n".join(blocks) + "\n" + rule
+
+
+def _score_line(name: str, scores: dict) -> str:
+    return f"{name}: BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f}" + (
+        f", {100 * scores['repeated_4gram']:.1f}% of outputs repeat a 4-gram"
+        if "repeated_4gram" in scores
+        else ""
+    )
+
+
+def format_report(results: dict) -> str:
+    """The text printed at the end of a run: validation metrics, BLEU/chrF, samples."""
+    valid = results["valid"]
+    lines = [
+        "",
+        f"Validation after {results['step']} steps: loss {valid['nll']:.3f}, perplexity "
+        f"{valid['perplexity']:.1f}, token accuracy {100 * valid['accuracy']:.1f}%"
+        + (f", {valid['bits_per_char']:.3f} bits/char" if "bits_per_char" in valid else ""),
+    ]
+    if "bleu" in results:
+        bleu = results["bleu"]
+        lines.append(f"On {bleu['examples']} validation sentences:")
+        lines.append("  " + _score_line(f"model, {bleu['decoding']}", bleu))
+        if "bleu_beam" in results:
+            beam = results["bleu_beam"]
+            lines.append("  " + _score_line(f"model, {beam['decoding']}", beam))
+        if "copy_baseline" in results:
+            lines.append(
+                "  " + _score_line("copy the source unchanged (baseline)", results["copy_baseline"])
+            )
+        headers = ("source", "reference", "model")
+        rows = [(s["source"], s["reference"], s["model"]) for s in results["samples"]]
+        if rows and "model_beam" in results["samples"][0]:
+            headers = (*headers, "model (beam)")
+            rows = [
+                (*row, s["model_beam"]) for row, s in zip(rows, results["samples"], strict=True)
+            ]
+        lines.append(format_samples(rows, headers))
+    elif results["samples"]:
+        rows = [(s["prompt"], s["model"]) for s in results["samples"]]
+        lines.append(format_samples(rows, ("prompt", "model")))
+    return "\n".join(lines)

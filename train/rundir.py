@@ -28,7 +28,7 @@ import pathlib
 import socket
 import tempfile
 
-from train.errors import DamagedFileError, RunFailure
+from train.cli import DamagedFileError, RunFailure
 
 
 @dataclasses.dataclass(frozen=True)

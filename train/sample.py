@@ -10,8 +10,7 @@ import dataclasses
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, die, quiet_library_logs
-from train.errors import RunFailure
+from train.cli import RUN_ERROR, RunFailure, die, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
@@ -31,14 +30,14 @@ def main(argv: list[str]) -> None:
         raise app.UsageError('Give a prompt: --prompt "In the beginning".')
     import jax
 
-    from train import inference
+    from train import checkpoint
     from train.decoding import DecodeOptions, sample_text
     from train.tasks import get_task
 
     quiet_library_logs()
 
     try:
-        trained = inference.load_trained(FLAGS.workdir)
+        trained = checkpoint.load_trained(FLAGS.workdir)
     except RunFailure as err:  # a damaged config.json
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:

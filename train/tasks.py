@@ -18,7 +18,7 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
-from train import batching, distributed, evaluate
+from train import batching, decoding, distributed
 from train.batching import WHOLE_BATCH, RowShare
 from train.decoding import DecodeOptions, sample_text
 
@@ -187,7 +187,7 @@ class TranslationTask(Task):
     def interim_scores(self, config, dataset, model, params):
         if not config.bleu_examples:
             return None
-        scores, _ = evaluate.validation_bleu(
+        scores, _ = decoding.validation_bleu(
             config, dataset, model, distributed.host_copy(params), beam_size=config.beam_size
         )
         return (
@@ -212,13 +212,13 @@ class TranslationTask(Task):
         if not pairs:
             return {"samples": []}
         results = {}
-        results["bleu"], greedy = evaluate.validation_bleu(config, dataset, model, params)
+        results["bleu"], greedy = decoding.validation_bleu(config, dataset, model, params)
         shown = range(min(config.num_samples, len(pairs)))
         samples = [
             {"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown
         ]
         if config.report_beam_size > 1:
-            results["bleu_beam"], beam = evaluate.validation_bleu(
+            results["bleu_beam"], beam = decoding.validation_bleu(
                 config, dataset, model, params, beam_size=config.report_beam_size
             )
             for i in shown:
@@ -226,8 +226,8 @@ class TranslationTask(Task):
         if config.copy_baseline:
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
             results["copy_baseline"] = {
-                **evaluate.bleu_and_chrf(sources, references, config.bleu_tokenize),
-                "repeated_4gram": evaluate.repeated_ngram_share(sources),
+                **decoding.bleu_and_chrf(sources, references, config.bleu_tokenize),
+                "repeated_4gram": decoding.repeated_ngram_share(sources),
             }
         return {**results, "samples": samples}
 

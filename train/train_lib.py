@@ -20,12 +20,14 @@ import jax.numpy as jnp
 import ml_collections
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, distributed, evaluate, input_pipeline, steps
+from train import config_lib, distributed, input_pipeline, steps
 from train.checkpoint import Checkpointer
 from train.metrics import (
     MetricsWriter,
     TrainingDivergedError,
     TrainLog,
+    evaluate_loss,
+    format_report,
     plot_loss_curve,
     progress_bar,
 )
@@ -156,7 +158,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
             "delete it and rerun: the final evaluation is redone from the last checkpoint",
         )
         if distributed.is_primary():
-            print(evaluate.format_report(results), flush=True)
+            print(format_report(results), flush=True)
         return results
     mesh = _make_mesh(config)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
@@ -195,7 +197,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
 
     def run_eval(step: int) -> dict:
-        valid = evaluate.evaluate_loss(
+        valid = evaluate_loss(
             eval_step, state.params, dataset.eval_batches, put_batch, chars_per_token
         )
         writer.write(step, "valid", valid)
@@ -262,5 +264,5 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         return results
     plot_loss_curve(run)
     atomic_write_text(run.results, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    print(evaluate.format_report(results), flush=True)
+    print(format_report(results), flush=True)
     return results

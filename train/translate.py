@@ -12,8 +12,7 @@ import sys
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, die, quiet_library_logs
-from train.errors import RunFailure
+from train.cli import RUN_ERROR, RunFailure, die, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/default", "Run directory written by train.main.")
@@ -26,14 +25,14 @@ def main(argv: list[str]) -> None:
     sentences = [s for s in sentences if s]
     if not sentences:
         raise app.UsageError("Give sentences as arguments or on stdin, one per line.")
-    from train import inference
+    from train import checkpoint
     from train.decoding import DecodeOptions, translate
     from train.tasks import get_task
 
     quiet_library_logs()
 
     try:
-        trained = inference.load_trained(FLAGS.workdir)
+        trained = checkpoint.load_trained(FLAGS.workdir)
     except RunFailure as err:  # a damaged config.json
         die(str(err), RUN_ERROR)
     except (FileNotFoundError, ValueError) as err:

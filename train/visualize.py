@@ -41,8 +41,12 @@ from matplotlib import font_manager  # noqa: E402
 from matplotlib import pyplot as plt  # noqa: E402
 
 from flax_transformer import DecoderOnlyTransformer, sinusoidal_positions  # noqa: E402
-from train.cli import RUN_ERROR, die, quiet_library_logs  # noqa: E402
-from train.errors import RunFailure  # noqa: E402
+from train.cli import (  # noqa: E402
+    RUN_ERROR,
+    RunFailure,  # noqa: E402
+    die,
+    quiet_library_logs,
+)
 from train.rundir import RunDir, WorkdirLock, atomic_savefig  # noqa: E402
 
 DPI = 100
@@ -223,7 +227,7 @@ def render_all(
 
 def main(argv: Sequence[str] | None = None) -> None:
     from train import explorer
-    from train.inference import load_trained
+    from train.checkpoint import load_trained
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", required=True, help="a run directory of train.main")

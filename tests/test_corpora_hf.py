@@ -7,8 +7,7 @@ import pytest
 
 from configs import default
 from train import config_lib
-from train.corpora import CorpusNotFoundError
-from train.hf_corpus import load_hf_examples
+from train.corpora import CorpusNotFoundError, load_hf_examples
 
 RECORDS = [
     {"translation": {"de": "Guten  Morgen", "en": "Good morning"}, "id": 0},
