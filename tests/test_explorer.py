@@ -19,7 +19,7 @@ import pytest
 from flax import linen as nn
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
-from train import explorer, visualize
+from train import visualize
 from train.checkpoint import TrainedModel
 from train.tokenizer import ByteTokenizer
 
@@ -74,8 +74,8 @@ def _language_model():
 
 def test_payload_holds_the_sown_weights_and_pieces():
     model, params, tok, src, tgt, maps = _translation()
-    payload = explorer.explorer_payload(model, params, tok, src, tgt)
-    assert [a["name"] for a in payload["attention"]] == list(explorer.ATTENTION_KINDS)
+    payload = visualize.explorer_payload(model, params, tok, src, tgt)
+    assert [a["name"] for a in payload["attention"]] == list(visualize.ATTENTION_KINDS)
     for att in payload["attention"]:
         np.testing.assert_allclose(att["weights"], maps[att["name"]], atol=WEIGHT_TOLERANCE)
     assert payload["sides"]["source"]["pieces"][:2] == ["<0xE5>", "<0x88>"]
@@ -86,11 +86,11 @@ def test_payload_holds_the_sown_weights_and_pieces():
 
 def test_html_is_self_contained_and_escapes_script_end(tmp_path):
     model, params, tok, src, tgt, _ = _translation()
-    path = explorer.render_explorer(
+    path = visualize.render_explorer(
         model, params, tok, src, tgt, tmp_path / "e.html", title=HOSTILE_TITLE
     )
     html = path.read_text("utf-8")
-    assert explorer.PAYLOAD_PLACEHOLDER not in html
+    assert visualize.PAYLOAD_PLACEHOLDER not in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # no CDN, no network
     data = re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)
     assert json.loads(data)["title"] == HOSTILE_TITLE
@@ -99,18 +99,18 @@ def test_html_is_self_contained_and_escapes_script_end(tmp_path):
 def test_mismatched_source_ids_are_refused():
     model, params, tok, src, tgt, _ = _translation()
     with pytest.raises(ValueError, match="src_ids=a list of ids"):
-        explorer.explorer_payload(model, params, tok, None, tgt)
+        visualize.explorer_payload(model, params, tok, None, tgt)
     with pytest.raises(ValueError, match="tgt_ids is empty"):
-        explorer.explorer_payload(model, params, tok, src, [])
+        visualize.explorer_payload(model, params, tok, src, [])
 
 
-def test_cli_writes_html(tmp_path, monkeypatch, capsys):
+def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
     model, params, tok, *_ = _translation()
     config = ml_collections.ConfigDict({"max_len": 32})
     trained = TrainedModel(config, tok, model, params, 0)
-    monkeypatch.setattr("train.checkpoint.load_trained", lambda workdir: trained)
+    monkeypatch.setattr("train.visualize.load_trained", lambda workdir: trained)
     out = tmp_path / "page.html"
-    visualize.main(["--workdir", str(tmp_path), "--text", "abc", "--html", "--out", str(out)])
+    assert visualize.visualize(str(tmp_path), "abc", out=str(out), html=True) == [out]
     assert out.is_file()
     assert re.search(r"wrote .*page\.html \(\d+ KiB; .* took [\d.]+ s\)", capsys.readouterr().out)
 
@@ -158,13 +158,13 @@ def _rendered(page, shape_LNTS, layer):
 @pytest.mark.parametrize("example", [_translation, _language_model], ids=["translation", "lm"])
 def test_page_renders_the_sown_weights(browser, tmp_path, example):
     model, params, tok, src, tgt, maps = example()
-    path = explorer.render_explorer(
+    path = visualize.render_explorer(
         model, params, tok, src, tgt, tmp_path / "e.html", title=HOSTILE_TITLE
     )
     page, errors = _open(browser, path)
     kinds = page.eval_on_selector_all("#kind option", "os => os.map(o => o.textContent)")
     assert len(kinds) == len(maps)
-    for kind, name in enumerate(maps_order := [n for n in explorer.ATTENTION_KINDS if n in maps]):
+    for kind, name in enumerate(maps_order := [n for n in visualize.ATTENTION_KINDS if n in maps]):
         weights_LNTS = maps[name]
         layers, heads = weights_LNTS.shape[:2]
         page.select_option("#kind", str(kind))

@@ -1,5 +1,9 @@
 """Pictures render from a tiny model: valid PNGs of the expected pixel size."""
 
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +13,7 @@ from matplotlib import image as mpimg
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from train import visualize
-from train.tokenizer import ByteTokenizer
+from train.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ByteTokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -84,3 +88,36 @@ def test_token_labels_fall_back_to_ids_without_cjk_font():
     labels = visualize.token_labels(["\u2581In", "神", ""], [40, 41, 42], cjk_font=None)
     assert labels == ["_In", "#41", "#42"]
     assert visualize.token_labels(["神"], [41], cjk_font="IPAGothic") == ["神"]
+
+
+def test_tick_labels_name_the_special_ids():
+    tok = ByteTokenizer()
+    ids = [PAD_ID, BOS_ID, EOS_ID, UNK_ID, tok.encode("A")[0]]
+    assert visualize.tick_labels(tok, ids, cjk_font=None) == ["<pad>", "<s>", "</s>", "<unk>", "A"]
+
+
+def _visualize_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "train.visualize", *args],
+        capture_output=True,
+        text=True,
+        cwd=pathlib.Path(__file__).parent.parent,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workdir", "somewhere"], "--text must have a value"),
+        (["--workdir", "somewhere", "--text", "a", "--max_new_tokens=x"], "--max_new_tokens"),
+        (["--text", "a", "--workdir", "{tmp}/none"], "is not a training run directory"),
+        (["--text", "a", "--workdir", "{tmp}", "extra"], "unexpected arguments ['extra']"),
+    ],
+)
+def test_cli_errors_are_one_line_with_the_usage_status(tmp_path, args, message):
+    result = _visualize_cli(*(a.format(tmp=tmp_path) for a in args))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr
+    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr
+    assert "Traceback" not in result.stderr

@@ -15,6 +15,7 @@ import sys
 import traceback
 import warnings
 
+from absl import flags
 from absl import logging as absl_logging
 
 # Libraries whose INFO lines (orbax: several per checkpoint) would drown the progress output.
@@ -93,3 +94,12 @@ def die(message: str, status: int = USAGE_ERROR) -> None:
         traceback.print_exc()
     print(f"error: {message}", file=sys.stderr)
     sys.exit(status)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing (`app.run(main, flags_parser=parse_flags)`) with a one-line error
+    and the usage exit status instead of absl's 'FATAL Flags parsing error' and status 1."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        die(f"{err} ; see --helpshort for the flags.", USAGE_ERROR)

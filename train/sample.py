@@ -10,7 +10,7 @@ import dataclasses
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, RunFailure, die, quiet_library_logs
+from train.cli import RUN_ERROR, RunFailure, die, parse_flags, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
@@ -80,4 +80,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, RunFailure, die, quiet_library_logs
+from train.cli import RUN_ERROR, RunFailure, die, parse_flags, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/default", "Run directory written by train.main.")
@@ -57,4 +57,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)
