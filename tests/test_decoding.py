@@ -621,3 +621,47 @@ def test_rope_and_grouped_query_cache_equals_full_recomputation(options):
         beams,
         generate_translation(mt, mt_params, SOURCE, bos_id=BOS, use_cache=False, **beam_kwargs),
     )
+
+
+def test_bos_equal_to_pad_is_refused_because_the_cache_would_disagree():
+    """Issue 10, defect 1: with bos_id == pad_id, `apply` (and training) masks the BOS key
+    while the cached path attends to it. The disagreement is real; generation refuses it."""
+    model, params = _mt()
+    src = SOURCE[:1]
+    decoder_in = jnp.array([[PAD]])
+    ref_logits = model.apply(params, src, decoder_in)[:, 0]
+    cache = init_cache(CONFIG, 1, 4, source_length=src.shape[1])
+    cached_logits, _ = model.apply(params, src, decoder_in, cache, method=model.prefill)
+    assert float(jnp.max(jnp.abs(cached_logits[:, 0] - ref_logits))) > 1e-4
+    # With a real BOS the two paths agree.
+    bos_in = jnp.array([[BOS]])
+    bos_logits, _ = model.apply(params, src, bos_in, cache, method=model.prefill)
+    np.testing.assert_allclose(bos_logits[:, 0], model.apply(params, src, bos_in)[:, 0], atol=1e-5)
+    with pytest.raises(ValueError, match=r"bos_id=0 equals pad_id=0.*another bos_id"):
+        generate_translation(model, params, src, bos_id=PAD, eos_id=V - 1, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "rng, message",
+    [
+        (0, "got int"),
+        (jax.random.split(jax.random.key(0), 3), r"shape \(3,\).*split a batch of keys"),
+        (jnp.zeros((3, 2), jnp.uint32), r"shape \(3, 2\)"),
+        (jnp.zeros((2,), jnp.int32), "dtype int32"),
+    ],
+)
+def test_rng_must_be_one_prng_key(rng, message):
+    model, params = _lm()
+    with pytest.raises(ValueError, match="generate_text: rng must be one PRNG key.*" + message):
+        generate_text(
+            model, params, PROMPT, LENGTHS, eos_id=None, max_new_tokens=2, temperature=1.0, rng=rng
+        )
+
+
+def test_rng_accepts_a_typed_or_legacy_key():
+    model, params = _lm()
+    for rng in (jax.random.key(3), jax.random.PRNGKey(3)):
+        tokens = generate_text(
+            model, params, PROMPT, LENGTHS, eos_id=None, max_new_tokens=2, temperature=1.0, rng=rng
+        )
+        assert tokens.shape == (3, 2)

@@ -268,6 +268,7 @@ def test_translate_cli_reads_stdin(trained_run):
     )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2  # one translation per input line
+    assert result.stderr == "", result.stderr  # no orbax notices before the translations
 
 
 _DATA_PARALLEL_SCRIPT = """

@@ -43,6 +43,11 @@ _CAUSE_CHARS_EACH_END = 90
 _STATE, _PROGRESS = "state", "progress"
 
 
+def _drop_read_only_notice(record: logging.LogRecord) -> bool:
+    """A logging filter: False for orbax's notice that a manager opened read-only."""
+    return not record.getMessage().startswith("Given directory is read only")
+
+
 def _one_line(err: BaseException) -> str:
     """`Type: message` of an orbax/TensorStore error, on one line and cut short (their
     messages can run to dozens of lines)."""
@@ -70,16 +75,25 @@ class Checkpointer:
                 f"`python -m train.main --workdir {pathlib.Path(workdir)}`."
             )
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
+            # Read-only: no saves and nothing to delete (orbax warns when told otherwise).
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
             create=not read_only,
             read_only=read_only,
             # Synchronous saves: a step's checkpoint is complete when save() returns, so
             # a run killed right after still resumes from it.
             enable_async_checkpointing=False,
         )
-        self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=(_STATE, _PROGRESS)
-        )
+        # orbax warns 'Given directory is read only' for every read-only manager: for
+        # translate and sample that line would come before their output, and says nothing.
+        absl_logger = logging.getLogger("absl")
+        absl_logger.addFilter(_drop_read_only_notice)
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options, item_names=(_STATE, _PROGRESS)
+            )
+        finally:
+            absl_logger.removeFilter(_drop_read_only_notice)
 
     def latest_step(self) -> int | None:
         """The newest saved step, or None."""

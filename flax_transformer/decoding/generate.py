@@ -183,7 +183,9 @@ def generate_translation(
       top_k: when sampling, keep only the k most likely tokens (0: all). Sampling only:
         with temperature=0 a top_k or top_p other than off raises ValueError.
       top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
-      rng: PRNG key, required when sampling.
+      rng: one PRNG key (`jax.random.key(0)` or a legacy `PRNGKey`), required when
+        sampling. Greedy decoding and beam search (temperature=0) draw nothing and ignore
+        it; one key serves the whole batch (not one key per row).
       use_cache: False recomputes the full model every step (slow; the reference).
       return_logits: also return each step's logits `(B, N, V)` (beam_size=1 only).
       logits_hook: None, or a jittable function `(logits, tokens, step) -> logits` applied
@@ -234,6 +236,13 @@ def generate_translation(
     if not is_int(bos_id) or not 0 <= bos_id < cfg.output_vocab_size:
         raise ValueError(
             f"{fn}: bos_id={bos_id!r} must be a token id in [0, {cfg.output_vocab_size})."
+        )
+    if bos_id == cfg.pad_id:
+        # The decoder masks pad_id keys: model.apply (and teacher-forced training) would hide
+        # the BOS slot while the cache attends to it, so the two paths would disagree.
+        raise ValueError(
+            f"{fn}: bos_id={bos_id} equals pad_id={cfg.pad_id}; the decoder masks padding, "
+            "so BOS must be a real token: pass another bos_id (the tokenizer's BOS)."
         )
     if 1 + max_new_tokens > cfg.max_len:
         raise ValueError(

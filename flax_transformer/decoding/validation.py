@@ -88,6 +88,27 @@ def check_options(
             f"{fn}: temperature={temperature} samples and needs a PRNG key: pass "
             "rng=jax.random.key(0), or temperature=0.0 for greedy decoding."
         )
+    if rng is not None:
+        check_rng(fn, rng)
+
+
+def check_rng(fn: str, rng: Any) -> None:
+    """One PRNG key: a typed key of shape () (`jax.random.key`) or a legacy uint32 `(2,)`
+    key (`jax.random.PRNGKey`); an int or a batch of keys fails here, not deep in jax."""
+    shape, dtype = getattr(rng, "shape", None), getattr(rng, "dtype", None)
+    typed = dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key)
+    legacy = dtype == jnp.uint32 and shape == (2,)
+    if (typed and shape == ()) or legacy:
+        return
+    got = f"{type(rng).__name__}" + (f" of shape {shape} and dtype {dtype}" if shape else "")
+    raise ValueError(
+        f"{fn}: rng must be one PRNG key such as jax.random.key(0), got {got}"
+        + (
+            "; split a batch of keys outside, or pass one key for the whole batch."
+            if shape
+            else "."
+        )
+    )
 
 
 def check_logits_hook(fn: str, hook: Any) -> Any:
