@@ -36,15 +36,32 @@ def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) ->
             f"{name} length {tokens.shape[1]} exceeds TransformerConfig.max_len={max_len}; "
             "shorten the input or raise max_len."
         )
-    if isinstance(tokens, jax.core.Tracer):
-        return
-    values = np.asarray(tokens)
-    if values.size and (values.min() < 0 or values.max() >= vocab_size):
-        bad = values[(values < 0) | (values >= vocab_size)][0]
-        where = tuple(int(i) for i in np.argwhere(values == bad)[0])
+    if not isinstance(tokens, jax.core.Tracer):
+        check_token_range(tokens, vocab_size, name)
+
+
+def check_token_range(ids, vocab_size: int, name: str) -> None:
+    """Raise ValueError naming the first id outside [0, vocab_size) and where it sits.
+
+    The project's one id-range check: the models (concrete inputs), generation and the
+    training program's data all call it. JAX gathers clamp an out-of-range index, so a bad
+    id would otherwise read another token's embedding without an error.
+
+    Args:
+        ids: integer token ids, any shape (array-like, concrete).
+        vocab_size: ids must lie in [0, vocab_size).
+        name: what the ids are, for the message (e.g. "src_tokens", "train split").
+    """
+    values = np.asarray(ids)
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{name}: token ids must be integers, got dtype {values.dtype}.")
+    bad = np.argwhere((values < 0) | (values >= vocab_size))
+    if bad.size:
+        where = tuple(int(i) for i in bad[0])
         raise ValueError(
-            f"{name} holds token id {bad} at {where}, outside the vocabulary [0, {vocab_size}); "
-            "check the tokenizer's vocab_size against TransformerConfig.vocab_size."
+            f"{name} holds token id {values[where]} at {where}, outside the vocabulary "
+            f"[0, {vocab_size}); check the tokenizer's vocab_size against "
+            "TransformerConfig.vocab_size."
         )
 
 

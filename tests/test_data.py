@@ -304,26 +304,6 @@ def test_split_rejects_bad_fractions(valid, test):
 # Token ids and batching.
 
 
-def test_check_token_ids_accepts_valid_ids():
-    input_pipeline.check_token_ids(np.array([[0, 5], [9, 1]]), 10, "batch")
-    input_pipeline.check_token_ids([], 10, "empty")
-
-
-@pytest.mark.parametrize(
-    ("ids", "bad", "where"), [([[0, 3], [10, 2]], 10, r"\(1, 0\)"), ([4, -1], -1, r"\(1,\)")]
-)
-def test_check_token_ids_names_id_position_and_vocab(ids, bad, where):
-    with pytest.raises(
-        ValueError, match=rf"src: token id {bad} at position {where} is outside \[0, 10\)"
-    ):
-        input_pipeline.check_token_ids(ids, 10, "src")
-
-
-def test_check_token_ids_rejects_floats():
-    with pytest.raises(ValueError, match=r"must be integers, got dtype float"):
-        input_pipeline.check_token_ids([1.0, 2.0], 10, "src")
-
-
 def test_default_bucket_lengths():
     assert batching.default_bucket_lengths(100) == (8, 16, 32, 64, 100)
     assert batching.default_bucket_lengths(64) == (8, 16, 32, 64)

@@ -118,7 +118,7 @@ def test_out_of_range_token_id_is_caught_where_data_enters(tmp_path, monkeypatch
     # A tokenizer that disagrees with the vocabulary size: id 300 >= 260.
     monkeypatch.setattr(ByteTokenizer, "encode", lambda self, text: [300])
     config = tiny_config(write_tiny_tsv(tmp_path))
-    with pytest.raises(ValueError, match=r"token id 300 .* outside \[0, 260\)"):
+    with pytest.raises(ValueError, match=r"token id 300 at .* outside the vocabulary \[0, 260\)"):
         input_pipeline.build_dataset(config, RunDir(tmp_path))
 
 

@@ -18,6 +18,7 @@ from typing import Generic, TypeVar
 import ml_collections
 import numpy as np
 
+from flax_transformer.inputs import check_token_range
 from train import batching, corpora
 from train.batching import WHOLE_BATCH, RowShare
 from train.rundir import RunDir
@@ -229,7 +230,7 @@ def build_dataset(
         copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
     valid_ids = _encode(tokenizer, splits.valid)
     for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
-        check_token_ids(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
+        check_token_range(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
     valid_texts = list(splits.valid)
     dropped = 0
     if not config.packed:
@@ -283,31 +284,6 @@ def build_dataset(
         },
         fingerprint=fingerprint,
     )
-
-
-def check_token_ids(ids, vocab_size: int, where: str) -> None:
-    """Raises if any id lies outside [0, vocab_size); call where data enters the program.
-
-    JAX gathers clamp out-of-range indices, so a bad id would silently read another embedding.
-
-    Args:
-        ids: array-like of integer ids, any shape.
-        vocab_size: the model's vocabulary size.
-        where: what the ids are (e.g. "train batch 'src'"), for the message.
-
-    Raises:
-        ValueError: names the first offending id, its position and the vocab size.
-    """
-    array = np.asarray(ids)
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise ValueError(f"{where}: token ids must be integers, got dtype {array.dtype}.")
-    bad = np.argwhere((array < 0) | (array >= vocab_size))
-    if bad.size:
-        position = tuple(int(i) for i in bad[0])
-        raise ValueError(
-            f"{where}: token id {int(array[position])} at position {position} is outside "
-            f"[0, {vocab_size}); the tokenizer and the model's vocab_size={vocab_size} disagree."
-        )
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:

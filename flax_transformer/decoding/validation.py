@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from flax_transformer.inputs import check_token_range
+
 
 def is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
@@ -130,14 +132,7 @@ def check_tokens(fn: str, name: str, tokens: Any, vocab: int) -> jax.Array:
     if 0 in tokens.shape:
         raise ValueError(f"{fn}: {name} is empty, {tokens.shape=}.")
     if _concrete(tokens):
-        values = np.asarray(tokens)
-        bad = np.argwhere((values < 0) | (values >= vocab))
-        if bad.size:
-            where = tuple(int(i) for i in bad[0])
-            raise ValueError(
-                f"{fn}: {name} holds token id {values[where]} at {where}, outside the "
-                f"vocabulary [0, {vocab})."
-            )
+        check_token_range(tokens, vocab, f"{fn}: {name}")
     return tokens.astype(jnp.int32)
 
 
