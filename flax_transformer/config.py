@@ -103,7 +103,7 @@ class LayerConfig:
     d_ff: int  # feed-forward width F
     dropout_rate: float = 0.1  # on every residual branch
     attention_dropout_rate: float = 0.0  # on attention weights
-    norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    norm_position: str = "pre"  # 'pre' (Happy-LLM ch. 2, GPT-2) or 'post' (the 2017 paper)
     norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
     # width d_ff): 'swiglu' (Llama), 'geglu'
@@ -158,7 +158,7 @@ class TransformerConfig:
     dropout_rate: float = 0.1  # on embeddings and every residual branch
     attention_dropout_rate: float = 0.0  # on attention weights
     pad_id: int = 0  # padding token id, masked everywhere
-    norm_position: str = "pre"  # 'pre' (seed 000, GPT-2) or 'post' (the 2017 paper)
+    norm_position: str = "pre"  # 'pre' (Happy-LLM ch. 2, GPT-2) or 'post' (the 2017 paper)
     norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     final_norm: bool | None = None  # LayerNorm after each stack; None = only for pre-norm
     # 'sinusoidal' (paper) or 'learned' (GPT-2), both added to the token embeddings; or 'rope'
@@ -179,11 +179,11 @@ class TransformerConfig:
     share_embeddings: bool = True  # one embedding for source and target tokens
     tie_output_embedding: bool = True  # logits = x @ target_embedding^T
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) (paper 3.4)
-    # Normal init std of token embeddings. 0.02 (seed 000, GPT-2) times sqrt(d_model) gives
+    # Normal init std of token embeddings. 0.02 (GPT-2) times sqrt(d_model) gives
     # token vectors ~0.3 per dimension at d 256, small beside sinusoidal positions (~0.7);
     # d_model ** -0.5 makes them comparable (std 1 after scaling, as the Flax wmt example).
     embed_init_std: float = 0.02
-    # Normal init std of every projection kernel. 0.02 (seed 000, GPT-2) is small beside
+    # Normal init std of every projection kernel. 0.02 (GPT-2) is small beside
     # d_model ** -0.5 (0.0625 at d 256, the scale of Xavier/LeCun init that the Flax wmt
     # example and tensor2tensor use): attention starts nearly uniform.
     init_std: float = 0.02

@@ -93,7 +93,7 @@ def _embed(cfg: TransformerConfig, vocab_size: int, name: str) -> Embed:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer (Vaswani et al. 2017; seed 000, "the full model").
+    """Encoder-decoder Transformer (Vaswani et al. 2017, §3; Happy-LLM ch. 2).
 
     `apply(params, src_BS, tgt_BT)` -> float32 logits `(B, T, V)`. `tgt_BT` are the decoder
     inputs (BOS then the target shifted right); padding (`config.pad_id`) is masked in

@@ -72,7 +72,7 @@ def test_apply_rope_batched_dtype_and_errors():
 
 
 def test_rope_scores_depend_only_on_relative_position():
-    """The rotation identity the seed notes derive for sinusoidal positions, now for RoPE:
+    """The rotation identity of sinusoidal positions (the paper §3.5), now for RoPE:
     rope(q, m) . rope(k, n) = q . R(n - m) k, so shifting both positions changes nothing."""
     q_TNH = jax.random.normal(jax.random.key(2), (5, 2, 16))
     k_SNH = jax.random.normal(jax.random.key(3), (7, 2, 16))

@@ -4,6 +4,7 @@ import pathlib
 import random
 
 import ml_collections
+import numpy as np
 
 from configs import default
 
@@ -71,3 +72,15 @@ def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.Config
             target = target[parent]
         target[leaf] = value
     return config
+
+
+def random_pairs(n: int, max_len: int, seed: int = 0) -> list:
+    """n (source, target) id lists of random lengths (source 1..max_len, target 1..max_len-1)."""
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            list(rng.integers(3, 50, rng.integers(1, max_len + 1))),
+            list(rng.integers(3, 50, rng.integers(1, max_len))),
+        )
+        for _ in range(n)
+    ]

@@ -85,7 +85,7 @@ CJK_FONT_NAMES = (
     "WenQuanYi Micro Hei",
     "Droid Sans Fallback",
 )
-PE_CURVE_DIMS = (0, 1, 4, 5, 16, 17)  # fast and slower (sin, cos) pairs, as in seed 000
+PE_CURVE_DIMS = (0, 1, 4, 5, 16, 17)  # fast and slower (sin, cos) pairs
 
 
 def _cjk_font() -> str | None:

@@ -1,6 +1,6 @@
 """Encoder and decoder layers (`layers`) and the stacks built from them (`stacks`).
 
-Each sublayer sits in a residual branch. Pre-norm (default, seed 000 / GPT-2):
+Each sublayer sits in a residual branch. Pre-norm (default, Happy-LLM ch. 2 / GPT-2):
     x = x + Dropout(Sublayer(LayerNorm(x)))
 Post-norm (the 2017 paper, `norm_position='post'`):
     x = LayerNorm(x + Dropout(Sublayer(x)))

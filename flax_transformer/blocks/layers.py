@@ -1,4 +1,5 @@
-"""EncoderLayer and DecoderLayer (seed 000: encoder/decoder layers, residuals, LayerNorm).
+"""EncoderLayer and DecoderLayer (the paper §3.1; Happy-LLM ch. 2: residuals,
+LayerNorm).
 
 A layer reads only the fields of a `LayerConfig` (width, heads, feed-forward width, dropout,
 norm position, activation, biases, init, dtypes): build one directly, or pass a

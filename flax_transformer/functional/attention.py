@@ -1,4 +1,4 @@
-"""Scaled dot-product attention (seed 000 section 1.2, seed 002, seed 003).
+"""Scaled dot-product attention (Vaswani et al. 2017, §3.2.1-3.2.2; Happy-LLM ch. 2; Raschka ch. 3).
 
     Attention(Q, K, V) = softmax(Q K^T * scale) V,   scale = 1 / sqrt(d_k) by default.
 
@@ -33,8 +33,9 @@ def _check_rank(name: str, x: jax.Array, rank: int) -> None:
 def softmax_dtype(*dtypes) -> jnp.dtype:
     """The dtype attention scores and softmax run in: float32, or wider if an input is wider.
 
-    bfloat16/float16/float32 inputs give float32 (seed 000: softmax in float32); float64
-    inputs (under `jax_enable_x64`) keep float64, so gradient checks in float64 hold.
+    bfloat16/float16/float32 inputs give float32 (softmax in float32, as mixed-precision
+    code does); float64 inputs (under `jax_enable_x64`) keep float64, so gradient checks in
+    float64 hold.
     """
     return jnp.promote_types(jnp.result_type(*dtypes), jnp.float32)
 
@@ -253,7 +254,7 @@ def grouped_heads_attention(
 
 
 def simple_self_attention(x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Self-attention with no trainable weights (seed 003, section 3.3).
+    """Self-attention with no trainable weights (Raschka ch. 3, section 3.3).
 
     Every token is query, key and value at once: scores are plain dot products `x x^T`
     (unscaled, as in the notes), normalised by softmax, and the context of token t is the

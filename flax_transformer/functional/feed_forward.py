@@ -1,4 +1,5 @@
-"""Position-wise feed-forward network (seed 000: FFN(x) = max(0, x W1 + b1) W2 + b2)."""
+"""Position-wise feed-forward network (Vaswani et al. 2017, §3.3: FFN(x) = max(0, x W1 + b1) W2
++ b2; Happy-LLM ch. 2)."""
 
 from __future__ import annotations
 

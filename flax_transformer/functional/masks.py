@@ -20,7 +20,8 @@ import jax.numpy as jnp
 
 
 def causal_mask(length: int) -> jax.Array:
-    """Lower-triangular `(T, T)` mask: position t sees positions 0..t (seed 002)."""
+    """Lower-triangular `(T, T)` mask: position t sees positions 0..t (the paper §3.2.3;
+    Raschka ch. 3.5)."""
     try:
         if isinstance(length, bool):
             raise TypeError

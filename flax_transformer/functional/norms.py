@@ -1,4 +1,4 @@
-"""Layer normalisation (seed 000: LayerNorm)."""
+"""Layer normalisation (Ba et al. 2016; the paper §3.1; Happy-LLM ch. 2)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def layer_norm(
 
     The variance is the biased one (divide by D) in both forms. Seed 000's code uses the
     second form with torch's unbiased std (divide by D - 1); that equals ours with `scale`
-    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_seeds.py shows it).
+    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_worked_examples.py shows it).
     Statistics are computed in float32 and the result is cast back to `x.dtype`.
 
     Args:

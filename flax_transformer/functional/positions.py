@@ -1,4 +1,4 @@
-"""Positions: the sinusoidal table (seed 000, "PositionEncoding") and rotary embeddings.
+"""Positions: the sinusoidal table (the paper §3.5; Happy-LLM ch. 2) and rotary embeddings.
 
     PE[pos, 2i]   = sin(pos / base^(2i/D))
     PE[pos, 2i+1] = cos(pos / base^(2i/D))

@@ -54,7 +54,7 @@ class MultiHeadAttention(nn.Module):
         no weights and has no attention dropout, so a 'jax_nn' call with dropout on, or with
         the 'intermediates' collection mutable, runs our formula instead (same result, and
         the weights are sown as with 'xla').
-      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
+      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
       num_kv_heads: K key/value heads, dividing N (grouped-query; 1: multi-query); None = N.
       rope: rotate queries and keys by their positions (rotary embeddings; self-attention
@@ -230,9 +230,9 @@ class MultiHeadAttention(nn.Module):
             (*nh, width),
             self.param_dtype,
         )
-        # Concatenate the heads, then one (N*H, D) matmul (seed 003). Merging (N, H) into one
-        # axis is free for the kernel; contracting over two axes instead made XLA transpose
-        # the kernel on every decoding step.
+        # Concatenate the heads, then one (N*H, D) matmul (the paper §3.2.2). Merging (N, H)
+        # into one axis is free for the kernel; contracting over two axes instead made XLA
+        # transpose the kernel on every decoding step.
         concat_BTK = out_BTNH.reshape(batch, q_len, width).astype(self.dtype)
         y_BTD = jnp.einsum(
             "btk,kd->btd", concat_BTK, w_out.reshape(width, width).astype(self.dtype)

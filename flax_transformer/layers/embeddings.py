@@ -20,7 +20,7 @@ class Embed(nn.Module):
     Attributes:
       vocab_size: V.
       features: D.
-      init_std: standard deviation of the normal init (INIT_STD = 0.02, seed 000).
+      init_std: standard deviation of the normal init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes.
     """
 

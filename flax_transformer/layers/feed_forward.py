@@ -28,7 +28,7 @@ GATED_ACTIVATIONS = {
 
 
 class FeedForward(nn.Module):
-    """Position-wise MLP `D -> F -> D` (seed 000: FFN), or its gated variant.
+    """Position-wise MLP `D -> F -> D` (the paper §3.3: FFN), or its gated variant.
 
     With activation 'swiglu' or 'geglu' it is `(act(x Wg) * (x Wu)) Wd`
     (`functional.gated_feed_forward`): three kernels `wg_kernel`, `wi_kernel` (up) and
@@ -38,7 +38,7 @@ class FeedForward(nn.Module):
       d_ff: hidden width F.
       activation: 'relu', 'gelu', 'gelu_tanh', or gated: 'swiglu', 'geglu'.
       use_bias: learn biases (b1, b2; gated: bg, bu, bd).
-      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, seed 000).
+      init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes.
     """
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from flax import linen as nn
 
-# Standard deviation of the normal init of embeddings and projections (seed 000, GPT-2).
+# Standard deviation of the normal init of embeddings and projections (GPT-2).
 INIT_STD = 0.02
 
 default_embed_init = nn.initializers.normal(stddev=INIT_STD)

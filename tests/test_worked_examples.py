@@ -1,4 +1,8 @@
-"""Golden numbers from the seed study notes (shared/seeds/000_*, 002_*, 003_*).
+"""Golden numbers of the worked examples in the study notes this project was built from
+(notes on Happy-LLM ch. 2, on a from-scratch video course, and on Raschka's *Build a Large
+Language Model (From Scratch)* ch. 3; the notes are not shipped, so each example's inputs and
+printed values are quoted here). "HL notes" below are those on Happy-LLM ch. 2, "Raschka
+notes" those on Raschka ch. 3.
 
 Every expected value is recomputed here, independently of the library: float64 numpy, exact
 `fractions.Fraction` arithmetic, or the notes' own loop code transcribed. Each test compares
@@ -42,59 +46,59 @@ def _printed(decimals: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 000, 01 注意力机制 §3: q = "fruit", K/V = apple, banana, chair; softmax(q K^T) V unscaled.
+# HL notes, 01 注意力机制 §3: q = "fruit", K/V = apple, banana, chair; softmax(q K^T) V unscaled.
 # --------------------------------------------------------------------------------------------
-S000_Q = np.array([[1.0, 0.5]])
-S000_K = np.array([[0.9, 0.6], [0.8, 0.7], [0.1, 0.1]])
-S000_V = np.array([[5.0, 2.0], [4.0, 3.0], [1.0, 9.0]])
-NOTES_000_SCORES = np.array([1.2, 1.15, 0.15])  # correct
+HL_Q = np.array([[1.0, 0.5]])
+HL_K = np.array([[0.9, 0.6], [0.8, 0.7], [0.1, 0.1]])
+HL_V = np.array([[5.0, 2.0], [4.0, 3.0], [1.0, 9.0]])
+HAPPY_LLM_NOTES_SCORES = np.array([1.2, 1.15, 0.15])  # correct
 # OFF: the notes print w ≈ [0.45, 0.43, 0.12]; softmax([1.2, 1.15, 0.15]) is
 # [0.434562, 0.413368, 0.152070] ≈ [0.43, 0.41, 0.15]. The notes' weights overstate the gap to
 # "chair" (e^1.2 / e^0.15 = e^1.05 ≈ 2.86, not 0.45 / 0.12 = 3.75).
-NOTES_000_WEIGHTS = np.array([0.45, 0.43, 0.12])
-S000_WEIGHTS = np.array([0.434562, 0.413368, 0.152070])
+HAPPY_LLM_NOTES_WEIGHTS = np.array([0.45, 0.43, 0.12])
+HL_WEIGHTS = np.array([0.434562, 0.413368, 0.152070])
 # OFF: the notes print the output [4.09, 3.27] (typeset once as "[4.093.27]"). That is the right
 # arithmetic on their wrong weights; the output of the true weights is [3.978353, 3.477856].
-NOTES_000_OUTPUT = np.array([4.09, 3.27])
-S000_OUTPUT = np.array([3.978353, 3.477856])
+HAPPY_LLM_NOTES_OUTPUT = np.array([4.09, 3.27])
+HL_OUTPUT = np.array([3.978353, 3.477856])
 
 
-def test_seed000_fruit_scores_are_q_dot_k():
+def test_happy_llm_notes_fruit_scores_are_q_dot_k():
     exact = [
-        sum(Fraction(str(a)) * Fraction(str(b)) for a, b in zip(S000_Q[0], k, strict=True))
-        for k in S000_K
+        sum(Fraction(str(a)) * Fraction(str(b)) for a, b in zip(HL_Q[0], k, strict=True))
+        for k in HL_K
     ]
     assert exact == [Fraction("1.2"), Fraction("1.15"), Fraction("0.15")]
-    np.testing.assert_allclose(S000_Q @ S000_K.T, NOTES_000_SCORES[None], rtol=0, atol=1e-15)
+    np.testing.assert_allclose(HL_Q @ HL_K.T, HAPPY_LLM_NOTES_SCORES[None], rtol=0, atol=1e-15)
 
 
-def test_seed000_fruit_attention_unscaled():
-    q, k, v = (jnp.asarray(a, jnp.float32) for a in (S000_Q, S000_K, S000_V))
+def test_happy_llm_notes_fruit_attention_unscaled():
+    q, k, v = (jnp.asarray(a, jnp.float32) for a in (HL_Q, HL_K, HL_V))
     out, weights = dot_product_attention(q, k, v, scale=1.0)
 
-    expected_w = _softmax64(S000_Q @ S000_K.T)
-    np.testing.assert_allclose(expected_w[0], S000_WEIGHTS, **_printed(6))
+    expected_w = _softmax64(HL_Q @ HL_K.T)
+    np.testing.assert_allclose(expected_w[0], HL_WEIGHTS, **_printed(6))
     np.testing.assert_allclose(weights, expected_w, **F32_TOL)
-    np.testing.assert_allclose(out, expected_w @ S000_V, **F32_TOL)
-    np.testing.assert_allclose(out[0], S000_OUTPUT, **_printed(6))
+    np.testing.assert_allclose(out, expected_w @ HL_V, **F32_TOL)
+    np.testing.assert_allclose(out[0], HL_OUTPUT, **_printed(6))
     # scale=1.0 really is the unscaled form: log-weight gaps equal the raw score gaps.
     log_w = np.log(np.asarray(weights[0], np.float64))
-    np.testing.assert_allclose(log_w - log_w[0], NOTES_000_SCORES - 1.2, atol=1e-6)
+    np.testing.assert_allclose(log_w - log_w[0], HAPPY_LLM_NOTES_SCORES - 1.2, atol=1e-6)
 
     # What the notes print: their weights are off beyond rounding, so is the output.
-    assert not np.allclose(expected_w[0], NOTES_000_WEIGHTS, **_printed(2))
+    assert not np.allclose(expected_w[0], HAPPY_LLM_NOTES_WEIGHTS, **_printed(2))
     np.testing.assert_allclose(np.round(expected_w[0], 2), [0.43, 0.41, 0.15])
-    np.testing.assert_allclose(NOTES_000_WEIGHTS @ S000_V, NOTES_000_OUTPUT, atol=1e-12)
-    assert not np.allclose(S000_OUTPUT, NOTES_000_OUTPUT, **_printed(2))
+    np.testing.assert_allclose(HAPPY_LLM_NOTES_WEIGHTS @ HL_V, HAPPY_LLM_NOTES_OUTPUT, atol=1e-12)
+    assert not np.allclose(HL_OUTPUT, HAPPY_LLM_NOTES_OUTPUT, **_printed(2))
 
 
-# Seed 000, 01 §4.2: softmax([2, 0, -1]) ≈ [0.84, 0.11, 0.04] (correct: 0.8438, 0.1142, 0.0420);
+# HL notes, 01 §4.2: softmax([2, 0, -1]) ≈ [0.84, 0.11, 0.04] (correct: 0.8438, 0.1142, 0.0420);
 # softmax([50, 0, -20]) = [0.999999..., 0.000000..., 0.000000...] (correct: 1 - 1.9e-22, ...).
 @pytest.mark.parametrize(
     "scores, printed, decimals",
     [([2.0, 0.0, -1.0], [0.84, 0.11, 0.04], 2), ([50.0, 0.0, -20.0], [1.0, 0.0, 0.0], 6)],
 )
-def test_seed000_softmax_winner_takes_all(scores, printed, decimals):
+def test_happy_llm_notes_softmax_winner_takes_all(scores, printed, decimals):
     # A 1-d query of 1 against 1-d keys equal to the scores feeds them to softmax unchanged.
     q = jnp.ones((1, 1), jnp.float32)
     k = jnp.asarray(scores, jnp.float32)[:, None]
@@ -107,7 +111,7 @@ def test_seed000_softmax_winner_takes_all(scores, printed, decimals):
     assert np.all(np.isfinite(weights))
 
 
-def test_seed000_dot_product_variance_grows_with_dk():
+def test_happy_llm_notes_dot_product_variance_grows_with_dk():
     """01 §4.1: for N(0, 1) entries, var(q·k) = d_k; dividing by sqrt(d_k) brings it back to 1."""
     rng = np.random.default_rng(0)
     n = 5_000  # relative spread of the sample variance: about sqrt(5 / n) = 3%
@@ -119,10 +123,11 @@ def test_seed000_dot_product_variance_grows_with_dk():
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 000, 02 multi-head shapes: Q, K (32, 8, 5, 64) -> scores (32, 8, 5, 5), mask (1, 1, 5, 5).
-# Seed 003 §3.6: batch=2, seq=4, d_model=8, h=2, d_k=4 -> heads (2, 2, 4, 4) -> concat (2, 4, 8).
+# HL notes, 02 multi-head shapes: Q, K (32, 8, 5, 64) -> scores (32, 8, 5, 5), mask (1, 1, 5, 5).
+# Raschka notes, §3.6: batch=2, seq=4, d_model=8, h=2, d_k=4 -> heads (2, 2, 4, 4) -> concat
+# (2, 4, 8).
 # --------------------------------------------------------------------------------------------
-def test_seed000_multi_head_shapes():
+def test_happy_llm_notes_multi_head_shapes():
     q = jax.ShapeDtypeStruct((32, 5, 8, 64), jnp.float32)  # ours is (B, T, N, H)
     mask = jax.ShapeDtypeStruct((1, 1, 5, 5), jnp.bool_)
     out, weights = jax.eval_shape(lambda q, m: multi_head_attention(q, q, q, m), q, mask)
@@ -130,7 +135,7 @@ def test_seed000_multi_head_shapes():
     assert out.shape == (32, 5, 8, 64)
 
 
-def test_seed003_fused_heads_equal_separate_heads():
+def test_raschka_notes_fused_heads_equal_separate_heads():
     """One big (8, 8) projection split into 2 heads == 2 small (8, 4) projections (§3.6)."""
     rng = np.random.default_rng(3)
     batch, seq, d_model, heads, d_k = 2, 4, 8, 2, 4
@@ -156,21 +161,21 @@ def test_seed003_fused_heads_equal_separate_heads():
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 002: batch=1, seq=3, d_model=4 -> d_k=2, scale 1/sqrt(2), causal mask.
+# Course notes: batch=1, seq=3, d_model=4 -> d_k=2, scale 1/sqrt(2), causal mask.
 # --------------------------------------------------------------------------------------------
-S002_X = ("0.1 0.2 0.3 0.4", "0.5 0.4 0.3 0.2", "0.0 0.1 0.0 0.1")
-S002_WQ = ("0.2 -0.1", "0.0 0.1", "0.1 0.2", "-0.1 0.0")
-S002_WK = ("0.1 0.1", "0.0 -0.1", "0.2 0.0", "0.0 0.2")
-S002_WV = ("0.1 0.0", "-0.1 0.1", "0.2 -0.1", "0.0 0.2")
-NOTES_002_Q = np.array([[0.01, 0.07], [0.11, 0.05], [-0.01, 0.01]])  # correct (exact)
-NOTES_002_K = np.array([[0.07, 0.07], [0.11, 0.05], [0.0, 0.01]])  # correct (exact)
-NOTES_002_V = np.array([[0.05, 0.07], [0.07, 0.05], [-0.01, 0.03]])  # correct (exact)
+COURSE_X = ("0.1 0.2 0.3 0.4", "0.5 0.4 0.3 0.2", "0.0 0.1 0.0 0.1")
+COURSE_WQ = ("0.2 -0.1", "0.0 0.1", "0.1 0.2", "-0.1 0.0")
+COURSE_WK = ("0.1 0.1", "0.0 -0.1", "0.2 0.0", "0.0 0.2")
+COURSE_WV = ("0.1 0.0", "-0.1 0.1", "0.2 -0.1", "0.0 0.2")
+COURSE_NOTES_Q = np.array([[0.01, 0.07], [0.11, 0.05], [-0.01, 0.01]])  # correct (exact)
+COURSE_NOTES_K = np.array([[0.07, 0.07], [0.11, 0.05], [0.0, 0.01]])  # correct (exact)
+COURSE_NOTES_V = np.array([[0.05, 0.07], [0.07, 0.05], [-0.01, 0.03]])  # correct (exact)
 # Printed (precision=4) "True = masked" mask; ours is its negation (True = may attend).
-NOTES_002_MASKED = np.array([[0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=bool)
+COURSE_NOTES_MASKED = np.array([[0, 1, 1], [0, 0, 1], [0, 0, 0]], dtype=bool)
 # Visible entries of the printed masked scores (masked ones print -1e9).
 # OFF: entry [2, 0] prints 1.3632e-11. Exactly, q2·k0 = -0.01*0.07 + 0.01*0.07 = 0; the notes'
 # number is float32 rounding noise of X @ W (float64 gives -5e-21). Correct value: 0.
-NOTES_002_SCORES = {
+COURSE_NOTES_SCORES = {
     (0, 0): 3.9598e-03,
     (1, 0): 7.9196e-03,
     (1, 1): 1.0324e-02,
@@ -178,9 +183,9 @@ NOTES_002_SCORES = {
     (2, 1): -4.2426e-04,
     (2, 2): 7.0711e-05,
 }
-NOTES_002_WEIGHTS = np.array([[1.0, 0.0, 0.0], [0.4994, 0.5006, 0.0], [0.3334, 0.3332, 0.3334]])
+COURSE_NOTES_WEIGHTS = np.array([[1.0, 0.0, 0.0], [0.4994, 0.5006, 0.0], [0.3334, 0.3332, 0.3334]])
 # Correct to the printed 4 decimals; the outputs print 0.06 for 0.060012 and 0.059988.
-NOTES_002_OUTPUT = np.array([[0.05, 0.07], [0.06, 0.06], [0.0367, 0.05]])
+COURSE_NOTES_OUTPUT = np.array([[0.05, 0.07], [0.06, 0.06], [0.0367, 0.05]])
 
 
 def _fractions(rows) -> list[list[Fraction]]:
@@ -194,15 +199,15 @@ def _matmul_exact(a, b):
     ]
 
 
-def test_seed002_projections_and_scores_exact():
-    x = _fractions(S002_X)
-    q, k, v = (_matmul_exact(x, _fractions(w)) for w in (S002_WQ, S002_WK, S002_WV))
-    for exact, printed in ((q, NOTES_002_Q), (k, NOTES_002_K), (v, NOTES_002_V)):
+def test_course_notes_projections_and_scores_exact():
+    x = _fractions(COURSE_X)
+    q, k, v = (_matmul_exact(x, _fractions(w)) for w in (COURSE_WQ, COURSE_WK, COURSE_WV))
+    for exact, printed in ((q, COURSE_NOTES_Q), (k, COURSE_NOTES_K), (v, COURSE_NOTES_V)):
         assert exact == [[Fraction(str(p)) for p in row] for row in printed]
 
     qk = _matmul_exact(q, list(zip(*k, strict=True)))  # exact Q K^T
     assert qk[2][0] == 0  # the notes' 1.3632e-11 is rounding noise
-    for (i, j), printed in NOTES_002_SCORES.items():
+    for (i, j), printed in COURSE_NOTES_SCORES.items():
         exact = float(qk[i][j]) / math.sqrt(2)
         if (i, j) == (2, 0):
             assert exact == 0.0 and printed != 0.0
@@ -211,14 +216,14 @@ def test_seed002_projections_and_scores_exact():
 
 
 @pytest.mark.parametrize("scale", [1.0 / math.sqrt(2.0), None])
-def test_seed002_causal_attention(scale):
-    x = np.array([[float(s) for s in row.split()] for row in S002_X])
+def test_course_notes_causal_attention(scale):
+    x = np.array([[float(s) for s in row.split()] for row in COURSE_X])
     q64, k64, v64 = (
         x @ np.array([[float(s) for s in r.split()] for r in w])
-        for w in (S002_WQ, S002_WK, S002_WV)
+        for w in (COURSE_WQ, COURSE_WK, COURSE_WV)
     )
     mask = causal_mask(3)
-    np.testing.assert_array_equal(mask, ~NOTES_002_MASKED)
+    np.testing.assert_array_equal(mask, ~COURSE_NOTES_MASKED)
 
     out, weights = dot_product_attention(
         *(jnp.asarray(a, jnp.float32) for a in (q64, k64, v64)), mask, scale=scale
@@ -239,15 +244,15 @@ def test_seed002_causal_attention(scale):
         expected_w @ v64, [[0.05, 0.07], [0.060012, 0.059988], [0.036661, 0.05]], **_printed(6)
     )
     # What the notes print (numpy precision=4) agrees to its 4 decimals.
-    np.testing.assert_allclose(expected_w, NOTES_002_WEIGHTS, **_printed(4))
-    np.testing.assert_allclose(expected_w @ v64, NOTES_002_OUTPUT, **_printed(4))
+    np.testing.assert_allclose(expected_w, COURSE_NOTES_WEIGHTS, **_printed(4))
+    np.testing.assert_allclose(expected_w @ v64, COURSE_NOTES_OUTPUT, **_printed(4))
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 003 §3.3: simplified self-attention, "Your journey starts with one step", 3-d embeddings
-# (the vectors are given in §3.4 as `inputs`).
+# Raschka notes, §3.3: simplified self-attention, "Your journey starts with one step", 3-d
+# embeddings (the vectors are given in §3.4 as `inputs`).
 # --------------------------------------------------------------------------------------------
-S003_INPUTS = np.array(
+RASCHKA_INPUTS = np.array(
     [
         [0.43, 0.15, 0.89],  # Your    x(1)
         [0.55, 0.87, 0.66],  # journey x(2)
@@ -257,12 +262,12 @@ S003_INPUTS = np.array(
         [0.05, 0.80, 0.55],  # step    x(6)
     ]
 )
-NOTES_003_WEIGHTS_2 = np.array([0.14, 0.24, 0.23, 0.12, 0.11, 0.16])  # correct to 2 decimals
+RASCHKA_NOTES_WEIGHTS_2 = np.array([0.14, 0.24, 0.23, 0.12, 0.11, 0.16])  # correct to 2 decimals
 # Not printed in the notes; recomputed here (float64) and pinned.
-S003_SCORES_2 = ("0.9544", "1.4950", "1.4754", "0.8434", "0.7070", "1.0865")
-S003_WEIGHTS_2 = np.array([0.138548, 0.237891, 0.233274, 0.123992, 0.108182, 0.158114])
-S003_CONTEXT_2 = np.array([0.441866, 0.651482, 0.568309])
-S003_WEIGHTS = np.array(
+RASCHKA_SCORES_2 = ("0.9544", "1.4950", "1.4754", "0.8434", "0.7070", "1.0865")
+RASCHKA_WEIGHTS_2 = np.array([0.138548, 0.237891, 0.233274, 0.123992, 0.108182, 0.158114])
+RASCHKA_CONTEXT_2 = np.array([0.441866, 0.651482, 0.568309])
+RASCHKA_WEIGHTS = np.array(
     [
         [0.209835, 0.200581, 0.198149, 0.124228, 0.122049, 0.145158],
         [0.138548, 0.237891, 0.233274, 0.123992, 0.108182, 0.158114],
@@ -274,38 +279,38 @@ S003_WEIGHTS = np.array(
 )
 
 
-def test_seed003_journey_scores_exact():
-    x = [[Fraction(str(v)) for v in row] for row in S003_INPUTS]
+def test_raschka_notes_journey_scores_exact():
+    x = [[Fraction(str(v)) for v in row] for row in RASCHKA_INPUTS]
     scores_2 = [sum(a * b for a, b in zip(x[1], row, strict=True)) for row in x]
-    assert scores_2 == [Fraction(s) for s in S003_SCORES_2]
+    assert scores_2 == [Fraction(s) for s in RASCHKA_SCORES_2]
 
 
-def test_seed003_simple_self_attention():
-    context, weights = simple_self_attention(jnp.asarray(S003_INPUTS, jnp.float32))
+def test_raschka_notes_simple_self_attention():
+    context, weights = simple_self_attention(jnp.asarray(RASCHKA_INPUTS, jnp.float32))
     assert context.shape == (6, 3) and weights.shape == (6, 6)
 
     # Independent recomputation: explicit loops over tokens, float64.
-    n = len(S003_INPUTS)
+    n = len(RASCHKA_INPUTS)
     expected_w = np.zeros((n, n))
     expected_z = np.zeros((n, 3))
     for i in range(n):
-        scores = [float(S003_INPUTS[i] @ S003_INPUTS[j]) for j in range(n)]
+        scores = [float(RASCHKA_INPUTS[i] @ RASCHKA_INPUTS[j]) for j in range(n)]
         exps = [math.exp(s) for s in scores]  # small scores: the naive softmax is safe here
         expected_w[i] = [e / sum(exps) for e in exps]
         for j in range(n):
-            expected_z[i] += expected_w[i, j] * S003_INPUTS[j]
+            expected_z[i] += expected_w[i, j] * RASCHKA_INPUTS[j]
 
     np.testing.assert_allclose(weights, expected_w, **F32_TOL)
     np.testing.assert_allclose(context, expected_z, **F32_TOL)
-    np.testing.assert_allclose(expected_w, S003_WEIGHTS, **_printed(6))
-    np.testing.assert_allclose(expected_w[1], S003_WEIGHTS_2, **_printed(6))
-    np.testing.assert_allclose(expected_z[1], S003_CONTEXT_2, **_printed(6))
+    np.testing.assert_allclose(expected_w, RASCHKA_WEIGHTS, **_printed(6))
+    np.testing.assert_allclose(expected_w[1], RASCHKA_WEIGHTS_2, **_printed(6))
+    np.testing.assert_allclose(expected_z[1], RASCHKA_CONTEXT_2, **_printed(6))
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
     # The notes' printed weights of "journey".
-    np.testing.assert_allclose(expected_w[1], NOTES_003_WEIGHTS_2, **_printed(2))
+    np.testing.assert_allclose(expected_w[1], RASCHKA_NOTES_WEIGHTS_2, **_printed(2))
 
 
-def test_seed003_causal_mask_picture():
+def test_raschka_notes_causal_mask_picture():
     """§3.5's additive mask: 0 on and below the diagonal, -inf above."""
     picture = """
         0  -∞  -∞  -∞  -∞  -∞
@@ -323,11 +328,11 @@ def test_seed003_causal_mask_picture():
 
 # §3.5's demo rows come from untrained torch.rand weights with no seed, so they cannot be
 # reproduced; only their structure can be checked. Every printed row sums to 1.
-NOTES_003_UNMASKED = {
+RASCHKA_NOTES_UNMASKED = {
     0: [0.14, 0.16, 0.18, 0.15, 0.19, 0.18],
     1: [0.15, 0.17, 0.16, 0.18, 0.17, 0.17],
 }
-NOTES_003_CAUSAL = {
+RASCHKA_NOTES_CAUSAL = {
     0: [1.00, 0.00, 0.00, 0.00, 0.00, 0.00],
     1: [0.45, 0.55, 0.00, 0.00, 0.00, 0.00],
     2: [0.30, 0.35, 0.35, 0.00, 0.00, 0.00],
@@ -339,15 +344,15 @@ NOTES_003_CAUSAL = {
 # gives [0.47, 0.53]; [0.45, 0.55] is reachable only at the edge of the 2-decimal rounding.)
 
 
-def test_seed003_causal_rows_are_renormalised_prefixes():
-    for rows in (NOTES_003_UNMASKED, NOTES_003_CAUSAL):
+def test_raschka_notes_causal_rows_are_renormalised_prefixes():
+    for rows in (RASCHKA_NOTES_UNMASKED, RASCHKA_NOTES_CAUSAL):
         for row in rows.values():
             assert sum(row) == pytest.approx(1.0, abs=1e-9)
-    assert NOTES_003_CAUSAL[5] == NOTES_003_UNMASKED[0]  # the copy flagged above
+    assert RASCHKA_NOTES_CAUSAL[5] == RASCHKA_NOTES_UNMASKED[0]  # the copy flagged above
 
     rng = np.random.default_rng(789)
     w_q, w_k, w_v = rng.uniform(size=(3, 3, 2))  # like torch.rand(d_in=3, d_out=2)
-    x = jnp.asarray(S003_INPUTS, jnp.float32)
+    x = jnp.asarray(RASCHKA_INPUTS, jnp.float32)
     q, k, v = (x @ jnp.asarray(w, jnp.float32) for w in (w_q, w_k, w_v))
     _, full = dot_product_attention(q, k, v)
     _, causal = dot_product_attention(q, k, v, causal_mask(6))
@@ -362,7 +367,7 @@ def test_seed003_causal_rows_are_renormalised_prefixes():
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 000, 04 §1: PositionEncoding(seq_len=4, d_model=4, n=100) and PE(pos+k) = R(k) PE(pos).
+# HL notes, 04 §1: PositionEncoding(seq_len=4, d_model=4, n=100) and PE(pos+k) = R(k) PE(pos).
 # --------------------------------------------------------------------------------------------
 def _notes_position_encoding(seq_len: int, d_model: int, n: float = 10000) -> np.ndarray:
     """The notes' `PositionEncoding`, transcribed (float64 numpy, two loops)."""
@@ -377,7 +382,7 @@ def _notes_position_encoding(seq_len: int, d_model: int, n: float = 10000) -> np
 
 # Rows k: [sin k, cos k, sin(k/10), cos(k/10)] (frequencies 1 and 100^(-1/2)). The notes print
 # only row 0, "[0, 1, 0, 1]", which is correct.
-S000_PE_4x4 = np.array(
+HL_PE_4x4 = np.array(
     [
         [0.0, 1.0, 0.0, 1.0],
         [0.84147098, 0.54030231, 0.09983342, 0.99500417],
@@ -387,11 +392,11 @@ S000_PE_4x4 = np.array(
 )
 
 
-def test_seed000_position_encoding_table():
+def test_happy_llm_notes_position_encoding_table():
     table = sinusoidal_positions(4, 4, base=100)
     assert table.shape == (4, 4) and table.dtype == jnp.float32
     expected = _notes_position_encoding(4, 4, n=100)
-    np.testing.assert_allclose(expected, S000_PE_4x4, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(expected, HL_PE_4x4, rtol=0, atol=1e-8)
     np.testing.assert_allclose(table, expected, **F32_TOL)
     np.testing.assert_array_equal(table[0], [0.0, 1.0, 0.0, 1.0])
 
@@ -413,7 +418,7 @@ def _rotation(k: int, dim: int, base: float) -> np.ndarray:
         (64, 8, 10000.0, [(0, 1), (1, 2), (5, 7), (20, 3), (10, 40), (50, 13), (1, 62)]),
     ],
 )
-def test_seed000_relative_position_rotation(length, dim, base, pairs):
+def test_happy_llm_notes_relative_position_rotation(length, dim, base, pairs):
     table = np.asarray(sinusoidal_positions(length, dim, base=base), np.float64)
     np.testing.assert_allclose(table, _notes_position_encoding(length, dim, base), atol=1e-5)
     for pos, k in pairs:
@@ -431,7 +436,7 @@ def test_seed000_relative_position_rotation(length, dim, base, pairs):
 
 
 # --------------------------------------------------------------------------------------------
-# Seed 000, 03 §1 LayerNorm: the code is a_2 * (x - mean) / (std + eps) + b_2 with eps=1e-6,
+# HL notes, 03 §1 LayerNorm: the code is a_2 * (x - mean) / (std + eps) + b_2 with eps=1e-6,
 # where torch's `x.std` is the *unbiased* (divide by D-1) standard deviation. The formula the
 # notes print beside it (garbled as "Zj=σ2+ϵZj−μj") is the standard (x - mean) / sqrt(var + eps)
 # instead. The notes give no numbers; the example x = [1, 2, 3, 4] is ours.
@@ -446,7 +451,7 @@ def _notes_layer_norm(x, a_2, b_2, eps=NOTES_LN_EPS):
     return a_2 * (x - mean) / (std + eps) + b_2
 
 
-def test_seed000_layer_norm_notes_form():
+def test_happy_llm_notes_layer_norm_notes_form():
     x = np.array([1.0, 2.0, 3.0, 4.0])
     notes = _notes_layer_norm(x, 1.0, 0.0)
     np.testing.assert_allclose(notes, [-1.161894, -0.387298, 0.387298, 1.161894], **_printed(6))
