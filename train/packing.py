@@ -18,13 +18,15 @@ All batches have one shape, so the training step compiles once.
 
 Rows are filled by first-fit decreasing (longest example first, each into the first row
 with room on every side) within windows of `PACKING_WINDOW` shuffled examples: near-optimal
-fill (98.7% of the target slots on KJV -> WEB at 96 tokens, against 98.7% for the whole
-epoch at once) at a cost linear in the corpus. The rows are then shuffled and cut into
-batches, so a batch's examples are a random draw whatever their lengths.
+fill at a cost linear in the corpus (a KJV -> WEB epoch in rows of 96 tokens: 98.6% of the
+target and 96.0% of the source slots hold tokens, against 77% and 75% when bucketed; about
+0.5 s). The rows are then shuffled and cut into batches, so a batch's examples are a random
+draw whatever their lengths.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -33,8 +35,8 @@ from train.batching import WHOLE_BATCH, Batch, Pair, RowShare, _batch_sizes
 from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Examples packed together. First-fit decreasing compares each example with every row of
-# its window, so the cost grows with the window; 4096 loses < 0.1% fill against the whole
-# KJV -> WEB epoch (45k examples) at a fifth of the time.
+# its window, so the cost grows with the window; 4096 loses < 0.1% fill against packing the
+# whole KJV -> WEB epoch (45k examples) at once.
 PACKING_WINDOW = 4096
 
 
@@ -78,32 +80,46 @@ def pack_rows(
     for start in range(0, len(order_N), window):
         chunk = np.asarray(order_N[start : start + window])
         chunk = chunk[np.argsort(-sizes_NK[chunk].max(axis=1), kind="stable")]
-        free_RK = np.empty((len(chunk), len(capacity_K)), np.int64)
+        # Free slots side by side (K, rows): one contiguous comparison per side.
+        free_KR = np.empty((len(capacity_K), len(chunk)), np.int64)
         members: list[list[int]] = []
         for index in chunk:
             need_K = sizes_NK[index]
-            fits = np.flatnonzero((free_RK[: len(members)] >= need_K).all(axis=1))
-            if fits.size:
-                free_RK[fits[0]] -= need_K
-                members[fits[0]].append(index)
+            fits_R = free_KR[0, : len(members)] >= need_K[0]
+            for side in range(1, len(need_K)):
+                fits_R &= free_KR[side, : len(members)] >= need_K[side]
+            row = int(fits_R.argmax()) if len(members) else 0
+            if len(members) and fits_R[row]:
+                free_KR[:, row] -= need_K
+                members[row].append(index)
             else:
-                free_RK[len(members)] = capacity_K - need_K
+                free_KR[:, len(members)] = capacity_K - need_K
                 members.append([index])
         rows += [np.asarray(row, dtype=np.int64) for row in members]
     return rows
 
 
 def _fill_packed(rows: int, length: int, members, sequence: Callable[[int], Sequence[int]]):
-    """`(rows, length)` tokens and segment ids of rows holding the `members` examples."""
+    """`(rows, length)` tokens and segment ids of rows holding the `members` examples (each
+    row at least one), laid out with one scatter rather than a slice per example."""
     tokens = np.full((rows, length), PAD_ID, dtype=np.int32)
     segments = np.zeros((rows, length), dtype=np.int32)
-    for row, indices in enumerate(members):
-        start = 0
-        for segment, index in enumerate(indices, start=1):
-            ids = sequence(index)
-            tokens[row, start : start + len(ids)] = ids
-            segments[row, start : start + len(ids)] = segment
-            start += len(ids)
+    ids = [sequence(index) for row in members for index in row]
+    if not ids:
+        return tokens, segments
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    per_row = np.fromiter(map(len, members), np.int64, len(members))
+    example_start = np.cumsum(lengths) - lengths  # in the concatenation of all examples
+    first_example = np.cumsum(per_row) - per_row  # of each row
+    example_row = np.repeat(np.arange(len(members)), per_row)
+    example_segment = np.arange(len(ids)) - first_example[example_row] + 1
+    token_example = np.repeat(np.arange(len(ids)), lengths)
+    token_row = example_row[token_example]
+    token_column = np.arange(lengths.sum()) - example_start[first_example][token_row]
+    tokens[token_row, token_column] = np.fromiter(
+        itertools.chain.from_iterable(ids), np.int32, lengths.sum()
+    )
+    segments[token_row, token_column] = example_segment[token_example]
     return tokens, segments
 
 
