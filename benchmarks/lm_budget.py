@@ -32,7 +32,7 @@ def _tokens_per_step(config_path: str) -> int:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    if not config.packed or config.task != "lm":
+    if config.packing != "stream" or config.task != "lm":
         raise SystemExit(f"{config_path}: lm_budget compares packed language-model configs.")
     return config.batch_size * config.max_len
 

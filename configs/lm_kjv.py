@@ -21,7 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.max_len = 128  # tokens per packed window (model max_len)
     config.bucket_lengths = ()  # unused: packed windows all have max_len tokens
     config.copied_targets = 0.0  # translation only (the default's copies of targets)
-    config.packed = True  # verses concatenated (BOS ... EOS) and cut into max_len windows
+    config.packing = "stream"  # verses concatenated (BOS ... EOS), cut into max_len windows
     config.batch_size = 16  # windows per batch (2048 tokens)
     config.tokens_per_batch = 0  # unused when batch_size is set
 

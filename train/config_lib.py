@@ -24,6 +24,7 @@ OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
+PACKINGS = ("none", "segments", "stream")
 
 # Fields that decide the data, vocabulary or parameter shapes: a resumed run must not change
 # them (the checkpoint would not fit, or would silently continue a different experiment).
@@ -80,6 +81,7 @@ _CHOICES = {
     "schedule": SCHEDULES,
     "rng_impl": RNG_IMPLS,
     "direction": DIRECTIONS,
+    "packing": PACKINGS,
 }
 
 
@@ -113,6 +115,14 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
         ValueError: names the field as `--config.<field>=<value>` and what it must be.
     """
     _check_finite(config)
+    if "packed" in config:
+        raise _fail(
+            "packed",
+            config.packed,
+            "was renamed --config.packing: packed=True is packing='stream' (lines cut into "
+            "max_len windows), packed=False is packing='none'; packing='segments' packs whole "
+            "examples with attention kept within each. Set packing instead and delete packed",
+        )
     for field, allowed in _CHOICES.items():
         if config[field] not in allowed:
             raise _fail(field, config[field], f"must be one of {allowed}")
@@ -145,10 +155,12 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
             f"--config.batch_size={config.batch_size} and "
             f"--config.tokens_per_batch={config.tokens_per_batch}: set exactly one of them > 0."
         )
-    if config.packed and "packed" not in task.own_fields:
-        raise _fail("packed", config.packed, f"packing is for task={owners('packed')} only")
-    if config.packed and config.batch_size == 0:
-        raise _fail("batch_size", config.batch_size, "packed=True needs batch_size > 0")
+    if config.packing not in task.packings:
+        raise _fail(
+            "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
+        )
+    if config.packing == "stream" and config.batch_size == 0:
+        raise _fail("batch_size", config.batch_size, "packing='stream' needs batch_size > 0")
     lengths = tuple(config.bucket_lengths)
     if lengths and (
         not all(_is_int(n) and n > 0 for n in lengths)

@@ -203,7 +203,8 @@ def build_dataset(
         ValueError: an empty split, or an id outside the vocabulary.
     """
     task = get_task(config.task)
-    if config.packed and config.batch_size % num_devices:
+    stream = config.packing == "stream"  # lines cut into windows: any length fits
+    if stream and config.batch_size % num_devices:
         raise ValueError(
             f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
             "devices the batch is split over."
@@ -233,7 +234,7 @@ def build_dataset(
         check_token_range(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
     valid_texts = list(splits.valid)
     dropped = 0
-    if not config.packed:
+    if not stream:
         train_ids, dropped = batching.filter_by_length(
             train_ids, config.max_len, task.example_length
         )
@@ -260,12 +261,12 @@ def build_dataset(
             len(train_ids),
             MIN_TRAIN_EXAMPLES,
         )
-    eval_batches = task.batches(config, valid_ids, None, num_devices, share)
+    eval_batches = task.batches(config, valid_ids, None, num_devices, share, evaluation=True)
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]
     target_ids, target_texts = task.targets(valid_ids), task.targets(valid_texts)
     # Target tokens per example: + EOS; packed streams also predict the next line's BOS.
-    extra_targets = 2 if config.packed else 1
+    extra_targets = 2 if stream else 1
     num_tokens = sum(len(ids) + extra_targets for ids in target_ids)
     num_chars = sum(len(text) + 1 for text in target_texts)  # + line break
     return Dataset(

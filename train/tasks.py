@@ -17,8 +17,13 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
-from train import batching, decoding, distributed
+from flax_transformer import (
+    DecoderOnlyTransformer,
+    Transformer,
+    TransformerConfig,
+    segment_positions,
+)
+from train import batching, decoding, distributed, packing
 from train.batching import WHOLE_BATCH, RowShare
 from train.decoding import DecodeOptions, sample_text
 
@@ -34,26 +39,38 @@ def bucket_lengths(config: ml_collections.ConfigDict) -> tuple[int, ...]:
 
 
 def drop_target_tokens(
-    tgt_in_BT: jax.Array, rate: float, key: jax.Array, *, unk_id: int, pad_id: int
+    tgt_in_BT: jax.Array,
+    rate: float,
+    key: jax.Array,
+    *,
+    unk_id: int,
+    pad_id: int,
+    segment_ids_BT: jax.Array | None = None,
 ) -> jax.Array:
     """Replaces decoder-input tokens by `unk_id` with probability `rate` (word dropout).
 
     The decoder can then predict less from its own prefix and must read the source: it
     learns cross-attention sooner (word dropout: Bowman et al. 2016, sec. 3.2; on the target
-    side of low-resource NMT: Sennrich & Zhang 2019). Position 0 (BOS) and padding are kept;
-    the labels are untouched.
+    side of low-resource NMT: Sennrich & Zhang 2019). Each example's first token (BOS) and
+    padding are kept; the labels are untouched.
 
     Args:
         tgt_in_BT: int `(B, T)` decoder inputs (BOS, then the target shifted right).
         rate: replacement probability in [0, 1).
         key: PRNG key.
         unk_id, pad_id: the tokenizer's unknown and padding ids.
+        segment_ids_BT: int `(B, T)` of packed rows, whose examples start (with BOS) at the
+            first token of each segment; None: one example per row, starting at 0.
 
     Returns:
         `(B, T)` ids of the same dtype.
     """
     drop_BT = jax.random.bernoulli(key, rate, tgt_in_BT.shape)
-    drop_BT &= (tgt_in_BT != pad_id) & (jnp.arange(tgt_in_BT.shape[1]) > 0)[None, :]
+    if segment_ids_BT is None:
+        first_BT = (jnp.arange(tgt_in_BT.shape[1]) == 0)[None, :]
+    else:
+        first_BT = segment_positions(segment_ids_BT) == 0
+    drop_BT &= (tgt_in_BT != pad_id) & ~first_BT
     return jnp.where(drop_BT, jnp.asarray(unk_id, tgt_in_BT.dtype), tgt_in_BT)
 
 
@@ -65,6 +82,7 @@ class Task:
         corpora: the `config.corpus` values whose examples this task reads.
         hf_fields: how many fields of a Hugging Face row make one example.
         own_fields: config fields that apply to this task only (0 / False for the others).
+        packings: the `config.packing` values this task batches with.
         model_inputs: the batch keys fed to the model (the tokens a step processes).
         tool: the command-line program that decodes a trained model of this task.
         models: what such models are called, for messages ("translation models").
@@ -75,6 +93,7 @@ class Task:
     corpora: tuple[str, ...]
     hf_fields: int
     own_fields: tuple[str, ...]
+    packings: tuple[str, ...]
     model_inputs: tuple[str, ...]
     tool: str
     models: str
@@ -90,7 +109,11 @@ class Task:
     def logits_and_labels(
         self, model: nn.Module, params: Any, batch, *, deterministic: bool, rngs=None
     ) -> tuple[jax.Array, jax.Array]:
-        """The loss inputs of a batch: `(B, L, V)` logits and `(B, L)` labels."""
+        """The loss inputs of a batch: `(B, L, V)` logits and `(B, L)` labels.
+
+        A packed batch (segment id keys, `train.packing`) gives every example the logits
+        it has alone; its labels are padding wherever no example is.
+        """
         raise NotImplementedError
 
     def example_length(self, example) -> int:
@@ -104,8 +127,15 @@ class Task:
         rng: np.random.Generator | None,
         num_devices: int,
         share: RowShare = WHOLE_BATCH,
+        *,
+        evaluation: bool = False,
     ) -> list[Batch]:
-        """Batches of tokenized examples as the config says; only `share`'s rows are built."""
+        """Batches of tokenized examples as the config says; only `share`'s rows are built.
+
+        `config.packing='segments'` packs training batches only: validation batches
+        (`evaluation`) stay one example per row, so their loss is the unpacked one by
+        construction (packing would give the same per example, `train.packing`).
+        """
         raise NotImplementedError
 
     def targets(self, examples: Sequence) -> list:
@@ -145,6 +175,7 @@ class TranslationTask(Task):
     corpora = ("bible", "kjv-web", "tsv", "hf")
     hf_fields = 2
     own_fields = ("copied_targets", "target_token_dropout")
+    packings = ("none", "segments")
     model_inputs = ("src", "tgt_in")
     tool = "train.translate"
     models = "translation models"
@@ -161,6 +192,8 @@ class TranslationTask(Task):
             {"params": params},
             batch["src"],
             batch["tgt_in"],
+            src_segment_ids_BS=batch.get("src_segment_ids"),
+            tgt_segment_ids_BT=batch.get("tgt_segment_ids"),
             deterministic=deterministic,
             rngs=rngs,
         )
@@ -169,7 +202,16 @@ class TranslationTask(Task):
     def example_length(self, example):
         return batching.pair_length(example)
 
-    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH):
+    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
+        if config.packing == "segments" and not evaluation:
+            return packing.packed_translation_batches(
+                examples,
+                src_length=config.max_len,
+                tgt_length=config.max_len,
+                rng=rng,
+                share=share,
+                **_rows(config, num_devices),
+            )
         return batching.translation_batches(
             examples, rng=rng, share=share, **_bucketing(config, num_devices)
         )
@@ -180,7 +222,12 @@ class TranslationTask(Task):
     def drop_decoder_inputs(self, batch, rate, key, *, unk_id, pad_id):
         batch = dict(batch)
         batch["tgt_in"] = drop_target_tokens(
-            batch["tgt_in"], rate, key, unk_id=unk_id, pad_id=pad_id
+            batch["tgt_in"],
+            rate,
+            key,
+            unk_id=unk_id,
+            pad_id=pad_id,
+            segment_ids_BT=batch.get("tgt_segment_ids"),
         )
         return batch
 
@@ -238,7 +285,8 @@ class LanguageModelTask(Task):
     name = "lm"
     corpora = ("kjv", "text", "hf")
     hf_fields = 1
-    own_fields = ("packed",)
+    own_fields = ()
+    packings = ("none", "segments", "stream")
     model_inputs = ("inputs",)
     tool = "train.sample"
     models = "language models"
@@ -252,17 +300,25 @@ class LanguageModelTask(Task):
 
     def logits_and_labels(self, model, params, batch, *, deterministic, rngs=None):
         logits = model.apply(
-            {"params": params}, batch["inputs"], deterministic=deterministic, rngs=rngs
+            {"params": params},
+            batch["inputs"],
+            segment_ids_BT=batch.get("segment_ids"),
+            deterministic=deterministic,
+            rngs=rngs,
         )
         return logits, batch["targets"]
 
     def example_length(self, example):
         return batching.document_length(example)
 
-    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH):
-        if config.packed:
+    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
+        if config.packing == "stream":  # validation too: its lines need not fit max_len
             return batching.packed_lm_batches(
                 examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
+            )
+        if config.packing == "segments" and not evaluation:
+            return packing.packed_document_batches(
+                examples, seq_len=config.max_len, rng=rng, share=share, **_rows(config, num_devices)
             )
         return batching.lm_batches(
             examples, rng=rng, share=share, **_bucketing(config, num_devices)
@@ -285,8 +341,12 @@ class LanguageModelTask(Task):
 
 def _bucketing(config: ml_collections.ConfigDict, num_devices: int) -> dict:
     """The bucketed batchers' shape arguments, as the config sets them."""
+    return dict(bucket_lengths=bucket_lengths(config), **_rows(config, num_devices))
+
+
+def _rows(config: ml_collections.ConfigDict, num_devices: int) -> dict:
+    """The packed batchers' row-count arguments: padded tokens per batch as when bucketed."""
     return dict(
-        bucket_lengths=bucket_lengths(config),
         batch_size=config.batch_size or None,
         tokens_per_batch=config.tokens_per_batch or None,
         batch_size_multiple=num_devices,
