@@ -26,11 +26,13 @@ from flax_transformer.decoding import (
     beam_search,
     init_cache,
     length_penalty,
+    search,
     select_rows,
     top_k_mask,
     top_p_mask,
 )
 from flax_transformer.decoding import generate as generate_module
+from flax_transformer.decoding.cache import move_rows
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 
 PAD, BOS, V = 0, 1, 23
@@ -271,6 +273,50 @@ def test_beam_one_equals_greedy(kind):
         )
     )()
     np.testing.assert_array_equal(beam, greedy)
+
+
+def test_children_stay_in_parent_rows_and_move_rows_equals_gather():
+    """Beam placement is a permutation that leaves every parent row to its first child, so
+    the in-place `move_rows` gives the cache `select_rows` gathers (unrolled and scanned)."""
+    k = 4
+    origin = np.random.default_rng(0).integers(0, k, (200, k))
+    hyp = np.asarray(search._children_in_parent_rows(jnp.asarray(origin)))
+    np.testing.assert_array_equal(np.sort(hyp, axis=1), np.tile(np.arange(k), (200, 1)))
+    parent = np.take_along_axis(origin, hyp, axis=1)  # the parent of the hypothesis in row j
+    np.testing.assert_array_equal(np.take_along_axis(parent, parent, axis=1), parent)
+    first = np.array([[list(row).index(p) for p in row] for row in origin])  # first child
+    for b in range(len(origin)):
+        for j in set(origin[b].tolist()):
+            assert hyp[b, j] == first[b, list(origin[b]).index(j)]
+    rng = np.random.default_rng(1)
+    rows = jnp.asarray((np.arange(2)[:, None] * k + parent[:2]).reshape(-1))
+    for scan_layers in (False, True):
+        cache = init_cache(CONFIG.replace(scan_layers=scan_layers), 2 * k, 9)
+        cache = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype), cache)
+        chex.assert_trees_all_equal(
+            jax.jit(move_rows)(cache, rows), jax.jit(select_rows)(cache, rows)
+        )
+
+
+@pytest.mark.parametrize("kind", ["text", "translation"])
+def test_beam_search_in_place_reorder_equals_gather(kind):
+    """The beam loop's in-place `move_rows` gives the beams of a full gather each step."""
+    if kind == "text":
+        model, params = _lm()
+        make = lambda: text_stepper(model, params, PROMPT, LENGTHS, N_NEW, True)
+    else:
+        model, params = _mt()
+        make = lambda: translation_stepper(model, params, SOURCE, BOS, N_NEW, True)
+
+    def beams(gather):
+        stepper = make()
+        if gather:
+            stepper = stepper._replace(move=stepper.reorder)
+        return beam_search(
+            stepper, beam_size=3, max_new_tokens=N_NEW, eos_id=5, pad_id=PAD, alpha=0.6
+        )
+
+    np.testing.assert_array_equal(jax.jit(lambda: beams(False))(), jax.jit(lambda: beams(True))())
 
 
 V_SMALL = 5  # pad 0, then 4 real tokens; token 1 doubles as EOS (and BOS)
