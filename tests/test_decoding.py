@@ -26,6 +26,7 @@ from flax_transformer.decoding import (
     beam_search,
     init_cache,
     length_penalty,
+    sampling,
     search,
     select_rows,
     top_k_mask,
@@ -505,6 +506,17 @@ def test_logits_hook_errors():
         _text(model, params, logits_hook="ban 5")
     with pytest.raises(ValueError, match=r"shape it was given, \(3, 23\); it returned \(3,\)"):
         _text(model, params, logits_hook=lambda logits, tokens, step: logits[:, 0])
+
+
+def test_argmax_first_equals_argmax_with_ties_and_nans():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-3, 4, (64, 50)).astype(np.float32)  # many ties
+    logits[5, [7, 20]] = np.nan
+    logits[9, :] = -np.inf
+    logits = jnp.asarray(logits)
+    got = jax.jit(sampling.argmax_first)(logits)
+    np.testing.assert_array_equal(got, jnp.argmax(logits, axis=-1))
+    assert got.dtype == jnp.int32
 
 
 def test_top_p_keeps_exactly_the_smallest_set_reaching_p():
