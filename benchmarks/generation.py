@@ -1,12 +1,14 @@
 """Cached decoding speed, ours against the Flax lm1b example in the same run (issue 11 item 4).
 
-    python -m benchmarks.generation --flax-examples /path/to/flax/examples
+    python -m benchmarks.generation --flax-examples /path/to/flax/examples --bandwidth
     FLAX_EXAMPLES=/path/to/flax/examples python -m benchmarks.generation
 
-Defaults take about two minutes on a 2-core CPU. `--flax-examples` (or $FLAX_EXAMPLES) names
-a checkout of github.com/google/flax's `examples/` directory; its `lm1b/models.py` and
-`lm1b/temperature_sampler.py` are imported from there (`benchmarks.lm1b_reference`), never
-copied. Without it the lm1b column is skipped, with a message.
+The first line is the run of benchmarks/RESULTS.md; defaults take about two minutes on a
+2-core CPU. Run it on an idle machine: the load average is printed before and after.
+`--flax-examples` (or $FLAX_EXAMPLES) names a checkout of github.com/google/flax's
+`examples/` directory; its `lm1b/models.py` and `lm1b/temperature_sampler.py` are imported
+from there (`benchmarks.lm1b_reference`), never copied. Without it the lm1b column is
+skipped, with a message.
 
 The model: decoder-only, vocab 8000, d_model 256, 4 heads, d_ff 1024, 4 layers, max_len 256,
 float32, random weights; prompt 16 tokens, 128 new tokens, greedy, no EOS (every run makes
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -56,6 +59,11 @@ CONFIG = TransformerConfig(
 )
 IMPLS = ("ours", "ours_bf16", "lm1b", "ours_nocache")
 DEFAULT_IMPLS = "ours,ours_bf16,lm1b"
+
+
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages (other work on the cores skews the timings)."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def prompts(batch: int) -> np.ndarray:
@@ -198,7 +206,7 @@ def main(argv=None) -> None:
         impls.remove("lm1b")
         if not impls:
             return
-    print(f"# machine: {machine_line()}")
+    print(f"# machine: {machine_line()}; load average {_load()} at the start")
     print(
         f"# vocab {CONFIG.vocab_size}, d_model {CONFIG.d_model}, {CONFIG.num_heads} heads, "
         f"d_ff {CONFIG.d_ff}, {CONFIG.num_layers} layers, float32 weights; prompt "
@@ -214,6 +222,7 @@ def main(argv=None) -> None:
         row = f"{batch:>5} " + " ".join(f"{tok_s[i][batch]:>15,.0f}" for i in impls)
         row += " " + " ".join(f"{tok_s[i][batch] / tok_s['lm1b'][batch]:>15.2f}x" for i in ratios)
         print(row, flush=True)
+    print(f"# load average {_load()} at the end")
     if args.bandwidth and "ours" in impls:
         from benchmarks.memory_bandwidth import report
 
