@@ -26,11 +26,14 @@ from flax_transformer.decoding import (
     beam_search,
     init_cache,
     length_penalty,
+    sampling,
+    search,
     select_rows,
     top_k_mask,
     top_p_mask,
 )
 from flax_transformer.decoding import generate as generate_module
+from flax_transformer.decoding.cache import move_rows
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 
 PAD, BOS, V = 0, 1, 23
@@ -273,6 +276,50 @@ def test_beam_one_equals_greedy(kind):
     np.testing.assert_array_equal(beam, greedy)
 
 
+def test_children_stay_in_parent_rows_and_move_rows_equals_gather():
+    """Beam placement is a permutation that leaves every parent row to its first child, so
+    the in-place `move_rows` gives the cache `select_rows` gathers (unrolled and scanned)."""
+    k = 4
+    origin = np.random.default_rng(0).integers(0, k, (200, k))
+    hyp = np.asarray(search._children_in_parent_rows(jnp.asarray(origin)))
+    np.testing.assert_array_equal(np.sort(hyp, axis=1), np.tile(np.arange(k), (200, 1)))
+    parent = np.take_along_axis(origin, hyp, axis=1)  # the parent of the hypothesis in row j
+    np.testing.assert_array_equal(np.take_along_axis(parent, parent, axis=1), parent)
+    first = np.array([[list(row).index(p) for p in row] for row in origin])  # first child
+    for b in range(len(origin)):
+        for j in set(origin[b].tolist()):
+            assert hyp[b, j] == first[b, list(origin[b]).index(j)]
+    rng = np.random.default_rng(1)
+    rows = jnp.asarray((np.arange(2)[:, None] * k + parent[:2]).reshape(-1))
+    for scan_layers in (False, True):
+        cache = init_cache(CONFIG.replace(scan_layers=scan_layers), 2 * k, 9)
+        cache = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), x.dtype), cache)
+        chex.assert_trees_all_equal(
+            jax.jit(move_rows)(cache, rows), jax.jit(select_rows)(cache, rows)
+        )
+
+
+@pytest.mark.parametrize("kind", ["text", "translation"])
+def test_beam_search_in_place_reorder_equals_gather(kind):
+    """The beam loop's in-place `move_rows` gives the beams of a full gather each step."""
+    if kind == "text":
+        model, params = _lm()
+        make = lambda: text_stepper(model, params, PROMPT, LENGTHS, N_NEW, True)
+    else:
+        model, params = _mt()
+        make = lambda: translation_stepper(model, params, SOURCE, BOS, N_NEW, True)
+
+    def beams(gather):
+        stepper = make()
+        if gather:
+            stepper = stepper._replace(move=stepper.reorder)
+        return beam_search(
+            stepper, beam_size=3, max_new_tokens=N_NEW, eos_id=5, pad_id=PAD, alpha=0.6
+        )
+
+    np.testing.assert_array_equal(jax.jit(lambda: beams(False))(), jax.jit(lambda: beams(True))())
+
+
 V_SMALL = 5  # pad 0, then 4 real tokens; token 1 doubles as EOS (and BOS)
 
 
@@ -461,6 +508,17 @@ def test_logits_hook_errors():
         _text(model, params, logits_hook=lambda logits, tokens, step: logits[:, 0])
 
 
+def test_argmax_first_equals_argmax_with_ties_and_nans():
+    rng = np.random.default_rng(0)
+    logits = rng.integers(-3, 4, (64, 50)).astype(np.float32)  # many ties
+    logits[5, [7, 20]] = np.nan
+    logits[9, :] = -np.inf
+    logits = jnp.asarray(logits)
+    got = jax.jit(sampling.argmax_first)(logits)
+    np.testing.assert_array_equal(got, jnp.argmax(logits, axis=-1))
+    assert got.dtype == jnp.int32
+
+
 def test_top_p_keeps_exactly_the_smallest_set_reaching_p():
     probs = np.array([0.1, 0.4, 0.2, 0.3])  # sorted: 0.4, 0.3, 0.2, 0.1
     logits = jnp.log(jnp.asarray(probs))
@@ -586,6 +644,26 @@ def test_bfloat16_compute_generates():
     tokens = generate_translation(model, params, SOURCE, bos_id=BOS, eos_id=5, max_new_tokens=6)
     chex.assert_shape(tokens, (3, 6))
     assert tokens.dtype == jnp.int32 and np.all((np.asarray(tokens) >= 0) & (tokens < V))
+
+
+def test_bfloat16_decoding_agrees_with_float32():
+    """decode_dtype='bfloat16' casts the float32 weights once and caches keys/values in
+    bfloat16. Its per-step logits stay within 0.05 of float32's (here up to about 3.4: 8
+    mantissa bits, about 0.4% per rounding, through two layers) until the tokens first
+    differ, and at least 3 in 4 greedy tokens are equal (a near-tie may flip one, and the
+    sequence then goes its own way)."""
+    model, params = _lm()
+    tokens, logits = map(np.asarray, _text(model, params))
+    bf_tokens, bf_logits = map(np.asarray, _text(model, params, decode_dtype="bfloat16"))
+    assert bf_logits.dtype == np.float32
+    agree = np.cumprod(tokens == bf_tokens, axis=1).astype(bool)
+    assert agree[:, 0].all() and (tokens == bf_tokens).mean() >= 0.75
+    np.testing.assert_allclose(bf_logits[agree], logits[agree], atol=0.05, rtol=0)
+    # Weights already in bfloat16 give the same tokens (the cast is then a no-op).
+    bf_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    np.testing.assert_array_equal(_text(model, bf_params, decode_dtype=jnp.bfloat16)[0], bf_tokens)
+    with pytest.raises(ValueError, match="decode_dtype='int8' must be None"):
+        _text(model, params, decode_dtype="int8")
 
 
 # Rotary positions with grouped- and multi-query attention (issue 13): keys are rotated before

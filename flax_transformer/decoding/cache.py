@@ -147,3 +147,41 @@ def select_rows(cache: dict, rows_R: jax.Array) -> dict:
         lambda x: jnp.take(x, rows_R, axis=decoder_axis), cache["decoder"]
     )
     return out
+
+
+def move_rows(cache: dict, rows_R: jax.Array) -> dict:
+    """`select_rows(cache, rows_R)` for a same-size reorder whose sources stay put, in place.
+
+    Row r takes the contents of row `rows_R[r]`. Precondition: every source row keeps its
+    own contents, `rows_R[rows_R[r]] == rows_R[r]` for every r (beam search places each
+    hypothesis's first child in its parent's row, so only the rows of hypotheses that left
+    no child are overwritten, and nobody reads those). Then the rows can be copied one by
+    one in any order, and only the rows that change are touched: a `fori_loop` over them
+    with one dynamic slice and in-place update per leaf. `select_rows` instead gathers
+    every row of every layer into a new cache each beam step (issue 11); at a third of the
+    rows moving, a toy of this cache's shapes ran 2-3x faster this way.
+
+    Args:
+      cache: the cache of the module docstring, R rows.
+      rows_R: int `(R,)` satisfying the precondition (not checked: it is traced).
+    """
+    batch_rows = rows_R.shape[0]
+    moved_R = rows_R != jnp.arange(batch_rows)
+    # The moved rows first, then the rest; the loop visits the first `count` of them.
+    order_R = jnp.argsort(~moved_R, stable=True)
+    decoder_axis = 1 if _scanned(cache) else 0
+
+    def copy_row(x, axis, dest, src):
+        row = jax.lax.dynamic_slice_in_dim(x, src, 1, axis)
+        return jax.lax.dynamic_update_slice_in_dim(x, row, dest, axis)
+
+    def body(j, cache):
+        dest = order_R[j]
+        src = rows_R[dest]
+        out = {k: copy_row(v, 0, dest, src) for k, v in cache.items() if k != "decoder"}
+        out["decoder"] = jax.tree.map(
+            lambda x: copy_row(x, decoder_axis, dest, src), cache["decoder"]
+        )
+        return out
+
+    return jax.lax.fori_loop(0, jnp.sum(moved_R), body, cache)

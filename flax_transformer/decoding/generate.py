@@ -27,6 +27,9 @@ from flax_transformer.decoding.validation import (
     unbox_params,
 )
 
+# Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
+DECODE_DTYPES = ("float32", "bfloat16", "float16")
+
 
 def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, rng):
     """`(logits, step) -> tokens`: argmax, or a sample with the key `fold_in(rng, step)`."""
@@ -58,6 +61,7 @@ def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, r
         "use_cache",
         "return_logits",
         "logits_hook",
+        "decode_dtype",
     ),
 )
 def _generate(
@@ -81,13 +85,17 @@ def _generate(
     use_cache,
     return_logits,
     logits_hook,
+    decode_dtype,
 ):
     """The whole generation, traced once per input shape and static option.
 
     Token ids, temperature, top_p and the length penalty are traced values: changing them
     reuses the compiled program. `eos_id` is None or an int32 scalar. `logits_hook` is
-    static (hashed by identity): the same function reuses the program.
+    static (hashed by identity): the same function reuses the program. `decode_dtype`
+    (None or a dtype name) casts the weights once, before the loop (`_in_dtype`).
     """
+    if decode_dtype is not None:
+        model, params = _in_dtype(model, params, decode_dtype)
     if kind == "translation":
         stepper = translation_stepper(model, params, tokens_BP, bos_id, max_new_tokens, use_cache)
     else:
@@ -113,6 +121,38 @@ def _generate(
         return_logits=return_logits,
         logits_hook=logits_hook,
     )
+
+
+def _in_dtype(model, params, dtype: str):
+    """The model computing in `dtype` with its floating-point weights cast to it, once.
+
+    The cast runs inside the jitted program ahead of the decoding loop, so the loop reads
+    the narrow copy every step: at batch 1 a step reads every weight once, and half the
+    bytes is the point (issue 11). The cache follows `config.dtype`, so it narrows too;
+    norms, softmax and the logits stay float32 as for any `dtype` (DESIGN.md, precision).
+    """
+    cfg = model.config.replace(dtype=dtype, param_dtype=dtype)
+
+    def cast(x):
+        return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return model.clone(config=cfg), jax.tree.map(cast, params)
+
+
+def _check_decode_dtype(fn: str, decode_dtype) -> str | None:
+    """`decode_dtype` as a dtype name, or ValueError naming the allowed ones."""
+    if decode_dtype is None:
+        return None
+    try:
+        name = jnp.dtype(decode_dtype).name
+    except TypeError:
+        name = None
+    if name not in DECODE_DTYPES:
+        raise ValueError(
+            f"{fn}: decode_dtype={decode_dtype!r} must be None (the weights as given) or one "
+            f"of {DECODE_DTYPES}."
+        )
+    return name
 
 
 def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_logits: bool):
@@ -142,6 +182,7 @@ def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_log
         use_cache=options["use_cache"],
         return_logits=return_logits,
         logits_hook=options["logits_hook"],
+        decode_dtype=options["decode_dtype"],
     )
 
 
@@ -162,6 +203,7 @@ def generate_translation(
     use_cache: bool = True,
     return_logits: bool = False,
     logits_hook: LogitsHook | None = None,
+    decode_dtype=None,
 ):
     """Translate a batch of source sentences with an encoder-decoder `Transformer`.
 
@@ -200,6 +242,11 @@ def generate_translation(
         -inf can turn beam scores into NaN); padding is forbidden after the hook. The hook
         is a static argument of the jitted program, compared by identity: pass the same
         function object to reuse the compiled program (a new lambda compiles anew).
+      decode_dtype: None runs with the weights and `config.dtype` as they are; 'bfloat16'
+        (or 'float16', 'float32') casts the floating-point weights to it once, ahead of
+        the loop, and computes and caches keys/values in it (norms, softmax and logits stay
+        float32). bfloat16 halves the bytes each step reads; its logits differ from float32
+        by rounding (about 1e-2 relative), so near-ties may pick other tokens.
 
     Returns:
       int32 `(B, N)`: the generated tokens after BOS, EOS included where produced, then
@@ -249,7 +296,11 @@ def generate_translation(
             f"{fn}: BOS + max_new_tokens={max_new_tokens} tokens exceed TransformerConfig."
             f"max_len={cfg.max_len}; lower max_new_tokens to at most {cfg.max_len - 1}."
         )
-    options.update(use_cache=use_cache, logits_hook=check_logits_hook(fn, logits_hook))
+    options.update(
+        use_cache=use_cache,
+        logits_hook=check_logits_hook(fn, logits_hook),
+        decode_dtype=_check_decode_dtype(fn, decode_dtype),
+    )
     return _run(model, params, src, None, "translation", bos_id, options, return_logits)
 
 
@@ -270,6 +321,7 @@ def generate_text(
     use_cache: bool = True,
     return_logits: bool = False,
     logits_hook: LogitsHook | None = None,
+    decode_dtype=None,
 ):
     """Continue a batch of prompts with a `DecoderOnlyTransformer`.
 
@@ -286,8 +338,8 @@ def generate_text(
       eos_id: stop a sequence after this token; None runs every sequence N tokens.
       max_new_tokens: N; `P + N <= config.max_len`.
       beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache, return_logits,
-      logits_hook: as in `generate_translation` (`tokens` holds the continuation only, not
-        the prompt).
+      logits_hook, decode_dtype: as in `generate_translation` (`tokens` holds the
+        continuation only, not the prompt).
 
     Returns:
       int32 `(B, N)`: the continuation tokens, EOS included where produced, then pad; with
@@ -325,5 +377,9 @@ def generate_text(
             f"TransformerConfig.max_len={cfg.max_len}; shorten the prompt or lower "
             "max_new_tokens."
         )
-    options.update(use_cache=use_cache, logits_hook=check_logits_hook(fn, logits_hook))
+    options.update(
+        use_cache=use_cache,
+        logits_hook=check_logits_hook(fn, logits_hook),
+        decode_dtype=_check_decode_dtype(fn, decode_dtype),
+    )
     return _run(model, params, prompt, lengths, "text", None, options, return_logits)

@@ -20,6 +20,23 @@ def mask_token(logits_BV: jax.Array, token_id: int) -> jax.Array:
     return logits_BV.at[..., token_id].set(MASKED_LOGIT)
 
 
+def argmax_first(logits_BV: jax.Array) -> jax.Array:
+    """int32 `(...)`: `jnp.argmax(logits_BV, axis=-1)` (first index of the maximum, or of the
+    first NaN), computed as a max, then a min over the indices that reach it.
+
+    The same result as `jnp.argmax`, faster on XLA's CPU backend, whose argmax is one
+    reduction over (value, index) pairs that it does not vectorize: over 8000 logits 46 µs
+    at batch 1 and 340 µs at batch 8, against 14 µs and 78 µs for the two plain reductions
+    here (2026-11-30, 2-core AMD EPYC). Greedy decoding runs it once per step (issue 11).
+    """
+    vocab = logits_BV.shape[-1]
+    top_B1 = logits_BV.max(axis=-1, keepdims=True)
+    # max() propagates NaN, and argmax picks the first NaN: match NaNs too.
+    hit_BV = (logits_BV == top_B1) | jnp.isnan(logits_BV)
+    index_V = jnp.arange(vocab, dtype=jnp.int32)
+    return jnp.min(jnp.where(hit_BV, index_V, vocab), axis=-1)
+
+
 def top_k_mask(logits_BV: jax.Array, k: int) -> jax.Array:
     """bool `(..., V)`: the k largest logits of each row (ties with the k-th are kept too)."""
     if k < 1:
@@ -96,6 +113,6 @@ def choose_tokens(
       int32 `(B,)`.
     """
     if temperature is None:
-        return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+        return argmax_first(logits_BV)
     filtered_BV = filter_logits(logits_BV, temperature=temperature, top_k=top_k, top_p=top_p)
     return jax.random.categorical(rng, filtered_BV, axis=-1).astype(jnp.int32)

@@ -107,6 +107,31 @@ def length_penalty(lengths: jax.Array, alpha: float | jax.Array) -> jax.Array:
     return ((base + lengths.astype(jnp.float32)) / (base + 1.0)) ** alpha
 
 
+def _take(x_BK: jax.Array, index_BK: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(x_BK, index_BK, axis=1)
+
+
+def _children_in_parent_rows(origin_BK: jax.Array) -> jax.Array:
+    """Which new hypothesis goes to each of a sequence's K rows: int `(B, K)`.
+
+    `origin_BK[b, j]` is the parent row of new hypothesis j (in score order). Each parent's
+    first child takes the parent's own row; the other children take, in order, the rows
+    of parents that had no child. Every row that is some hypothesis's parent then keeps
+    its parent's contents, which lets the cache copy only the rows that change
+    (`decoding.cache.move_rows`). The hypotheses' order does not matter to the search.
+    """
+    k = origin_BK.shape[1]
+    hyp_K = jnp.arange(k)
+    same_BKK = origin_BK[:, :, None] == origin_BK[:, None, :]
+    # Hypothesis j is its parent's first child if no earlier hypothesis has that parent.
+    first_BK = ~jnp.any(same_BKK & (hyp_K[None, :] < hyp_K[:, None]), axis=2)
+    has_child_BK = jnp.any(origin_BK[:, :, None] == hyp_K[None, None, :], axis=1)
+    free_rows_BK = jnp.argsort(has_child_BK, axis=1, stable=True)  # childless rows first
+    later_rank_BK = jnp.cumsum(~first_BK, axis=1) - 1
+    row_BK = jnp.where(first_BK, origin_BK, _take(free_rows_BK, jnp.maximum(later_rank_BK, 0)))
+    return jnp.argsort(row_BK, axis=1)  # the inverse: row -> hypothesis
+
+
 def beam_search(
     stepper: Stepper,
     *,
@@ -165,6 +190,12 @@ def beam_search(
         was_finished_BK = jnp.take_along_axis(finished_BK, origin_BK, axis=1)
         length_BK = jnp.take_along_axis(cand_len_BK, origin_BK, axis=1)
         finished_BK = was_finished_BK | _is_eos(token_BK, eos_id)
+        # Put each hypothesis's first child in its parent's row, so that the cache moves
+        # only the rows of hypotheses that left no child (`Stepper.move`).
+        hyp_BK = _children_in_parent_rows(origin_BK)
+        origin_BK, token_BK = _take(origin_BK, hyp_BK), _take(token_BK, hyp_BK)
+        logprob_BK, length_BK = _take(logprob_BK, hyp_BK), _take(length_BK, hyp_BK)
+        finished_BK = _take(finished_BK, hyp_BK)
         seqs_BKN = jnp.take_along_axis(seqs_BKN, origin_BK[..., None], axis=1)
         seqs_BKN = seqs_BKN.at[:, :, i].set(token_BK)
         rows_R = (jnp.arange(batch)[:, None] * k + origin_BK).reshape(-1)
@@ -176,7 +207,7 @@ def beam_search(
 
     def body(carry):
         i, logprob_BK, finished_BK, length_BK, seqs_BKN, rows_R, tokens_R, state = carry
-        logits_RV, state = stepper.step(stepper.reorder(state, rows_R), tokens_R)
+        logits_RV, state = stepper.step(stepper.move(state, rows_R), tokens_R)
         beams = expand(i, logits_RV, logprob_BK, finished_BK, length_BK, seqs_BKN)
         return (i + 1, *beams, state)
 

@@ -3,7 +3,9 @@
 A `Stepper` hides what a model needs to produce the next-token logits of every sequence:
 `start()` reads the prompts and returns their last logits and a state; `step(state, tokens)`
 appends one token per sequence and returns the next logits; `reorder(state, rows)` keeps
-(and copies) the sequences `rows`, as beam search needs. The state is a pytree, so the
+(and copies) the sequences `rows`, as beam search needs; `move(state, rows)` does the same
+for a same-size reorder whose source rows keep their contents, which the cache does in
+place, copying only the rows that change (`decoding.cache.move_rows`). The state is a pytree, so the
 loops carry it through `jax.lax.while_loop`.
 
 With the cache the state is the cache of `decoding.cache`: one parallel prefill, then one
@@ -19,7 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.decoding.cache import init_cache, select_rows
+from flax_transformer.decoding.cache import init_cache, move_rows, select_rows
 
 
 class Stepper(NamedTuple):
@@ -29,11 +31,14 @@ class Stepper(NamedTuple):
       start: `() -> (logits (B, V) float32, state)`.
       step: `(state, tokens (B,) int32) -> (logits (B, V) float32, state)`.
       reorder: `(state, rows (R,) int) -> state` of the R sequences `rows`.
+      move: `reorder` for R rows in, R rows out, where `rows[rows[r]] == rows[r]` (every
+        source row keeps its contents); the beam search loop's reorder.
     """
 
     start: Callable[[], tuple[jax.Array, Any]]
     step: Callable[[Any, jax.Array], tuple[jax.Array, Any]]
     reorder: Callable[[Any, jax.Array], Any]
+    move: Callable[[Any, jax.Array], Any]
 
 
 def _last_logits(logits_BTV: jax.Array, lengths_B: jax.Array) -> jax.Array:
@@ -68,7 +73,7 @@ def _uncached(full_logits: Callable, extra: Any, buffer_BL: jax.Array, lengths_B
     def reorder(state, rows_R):
         return jax.tree.map(lambda x: jnp.take(x, rows_R, axis=0), state)
 
-    return Stepper(start, step, reorder)
+    return Stepper(start, step, reorder, reorder)
 
 
 def text_stepper(
@@ -99,7 +104,7 @@ def text_stepper(
         logits_BPV, cache = model.apply(params, prompt_BP, cache, lengths_B, method="extend")
         return _last_logits(logits_BPV, lengths_B), cache
 
-    return Stepper(start, _cached_step(model, params), select_rows)
+    return Stepper(start, _cached_step(model, params), select_rows, move_rows)
 
 
 def translation_stepper(
@@ -125,4 +130,4 @@ def translation_stepper(
         logits_B1V, cache = model.apply(params, src_BS, bos_B1, cache, method="prefill")
         return logits_B1V[:, 0], cache
 
-    return Stepper(start, _cached_step(model, params), select_rows)
+    return Stepper(start, _cached_step(model, params), select_rows, move_rows)
