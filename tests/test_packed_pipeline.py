@@ -350,3 +350,17 @@ def test_packed_translation_run_trains(tmp_path):
     config = tiny_config(write_tiny_tsv(tmp_path), packing="segments", bleu_examples=0)
     results = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
     assert np.isfinite(results["valid"]["nll"])
+
+
+def test_packing_is_part_of_a_runs_identity():
+    """A run resumes only with the batching it started with; a config.json written before
+    `packing` replaced `packed` counts as packing='none' (or 'stream' for packed=True)."""
+    saved = default.get_config().to_dict()
+    del saved["packing"]
+    saved["packed"] = False
+    current = default.get_config()
+    current.packing = "none"
+    assert config_lib.changed_identity_fields(saved, current) == []
+    current.packing = "segments"
+    assert config_lib.changed_identity_fields(saved, current) == ["packing"]
+    assert config_lib.changed_identity_fields({**saved, "packed": True}, current) == ["packing"]

@@ -40,6 +40,7 @@ IDENTITY_FIELDS = (
     "valid_fraction",
     "test_fraction",
     "copied_targets",
+    "packing",
     "tokenizer",
     "vocab_size",
     "max_len",
@@ -245,6 +246,8 @@ def changed_identity_fields(
         Names like 'model.d_model' or 'vocab_size', empty when the run may resume.
     """
     now = current.to_dict()
+    if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
+        saved = {**saved, "packing": "stream" if saved.get("packed") else "none"}
     # A model field that an older config.json lacks had the model's default then.
     model_defaults = {
         f.name: f.default
