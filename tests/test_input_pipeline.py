@@ -99,8 +99,10 @@ def test_copied_target_pairs_repeat_targets_as_sources():
 
 def test_dataset_with_copied_targets_counts_them_apart(tmp_path):
 
-    config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5)
-    plain = input_pipeline.build_dataset(tiny_config(write_tiny_tsv(tmp_path)), RunDir(tmp_path))
+    # One example per row, so rows can be told apart as copies (packing: test_packed_pipeline).
+    config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5, packing="none")
+    plain_config = tiny_config(write_tiny_tsv(tmp_path), packing="none")
+    plain = input_pipeline.build_dataset(plain_config, RunDir(tmp_path))
     dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
     assert dataset.sizes["train"] == plain.sizes["train"]
     assert dataset.sizes["copied"] == pytest.approx(0.5 * plain.sizes["train"], abs=1)
