@@ -509,3 +509,30 @@ def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_pat
         f"error: {tmp_path / 'config.json'} not found: {tmp_path} is not a training run "
         "directory ; train with"
     )
+
+
+@pytest.mark.parametrize(
+    "module, args, message",
+    [
+        ("train.translate", ["--workdir", "nowhere"], "no sentences ; give them as arguments"),
+        ("train.sample", ["--workdir", "nowhere"], "no prompt ; give one: --prompt"),
+        (
+            "train.sample",
+            ["--workdir", "nowhere", "--prompt", "a", "extra"],
+            "unexpected arguments",
+        ),
+        ("train.main", ["--workdir", "nowhere", "extra"], "unexpected arguments ['extra']"),
+        ("train.translate", ["--beam_size=x"], "--beam_size"),
+    ],
+)
+def test_usage_mistakes_of_every_program_are_one_line_and_status_2(module, args, message):
+    result = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        input="",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in _one_error_line(result)

@@ -124,7 +124,7 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}; use --flag=value.")
+        die(f"unexpected arguments {argv[1:]} ; use --flag=value.", USAGE_ERROR)
     config = FLAGS.config
     try:
         config.lock  # an unreadable config file raises when first touched  # noqa: B018

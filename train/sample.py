@@ -10,7 +10,7 @@ import dataclasses
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, RunFailure, die, parse_flags, quiet_library_logs
+from train.cli import RUN_ERROR, USAGE_ERROR, RunFailure, die, parse_flags, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
@@ -25,9 +25,9 @@ flags.DEFINE_integer("num_samples", 1, "Samples per prompt.")
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments {argv[1:]}; pass prompts with --prompt.")
+        die(f"unexpected arguments {argv[1:]} ; pass prompts with --prompt.", USAGE_ERROR)
     if not FLAGS.prompt:
-        raise app.UsageError('Give a prompt: --prompt "In the beginning".')
+        die('no prompt ; give one: --prompt "In the beginning".', USAGE_ERROR)
     import jax
 
     from train import checkpoint

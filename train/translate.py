@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags
 
-from train.cli import RUN_ERROR, RunFailure, die, parse_flags, quiet_library_logs
+from train.cli import RUN_ERROR, USAGE_ERROR, RunFailure, die, parse_flags, quiet_library_logs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", "runs/default", "Run directory written by train.main.")
@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
     sentences = [s.strip() for s in argv[1:]] or [line.strip() for line in sys.stdin]
     sentences = [s for s in sentences if s]
     if not sentences:
-        raise app.UsageError("Give sentences as arguments or on stdin, one per line.")
+        die("no sentences ; give them as arguments or on stdin, one per line.", USAGE_ERROR)
     from train import checkpoint
     from train.decoding import DecodeOptions, translate
     from train.tasks import get_task
