@@ -26,6 +26,7 @@ from flax_transformer.functional import (
     layer_norm,
     multi_head_attention,
     padding_mask,
+    project,
     simple_self_attention,
     sinusoidal_positions,
 )
@@ -483,3 +484,32 @@ class FeedForwardTest(chex.TestCase):
             h = 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
         expected = h @ w2_64 + (np.asarray(b2, np.float64) if use_bias else 0.0)
         np.testing.assert_allclose(out, expected, **TOL)
+
+
+class ProjectTest(chex.TestCase):
+    @parameterized.named_parameters(
+        ("rows", (6, 8), (8, 5)),
+        ("batch_time_heads", (2, 3, 8), (8, 3, 4, 2)),
+        ("no_leading_axis", (8,), (8, 7)),
+    )
+    def test_equals_tensordot_in_float64(self, x_shape, w_shape):
+        x, w = _normal(0, x_shape), _normal(1, w_shape)
+        out = jax.jit(project)(x, w)
+        chex.assert_shape(out, (*x_shape[:-1], *w_shape[1:]))
+        expected = np.tensordot(np.float64(x), np.float64(w), axes=1)
+        np.testing.assert_allclose(out, expected, **TOL)
+
+    def test_gradients_equal_tensordot_gradients(self):
+        x, w = _normal(0, (2, 3, 8)), _normal(1, (8, 2, 4))
+
+        def loss(f):
+            return lambda x, w: jnp.sum(jnp.sin(f(x, w)))
+
+        ours = jax.grad(loss(project), argnums=(0, 1))(x, w)
+        theirs = jax.grad(loss(lambda x, w: jnp.tensordot(x, w, axes=1)), argnums=(0, 1))(x, w)
+        for a, b in zip(ours, theirs, strict=True):
+            np.testing.assert_allclose(a, b, **TOL)
+
+    def test_width_mismatch_names_both_sizes(self):
+        with self.assertRaisesRegex(ValueError, "x has 8 features but w has 6 rows"):
+            project(np.zeros((2, 8), np.float32), np.zeros((6, 3), np.float32))

@@ -241,7 +241,8 @@ class Decoder(nn.Module):
                     nn.initializers.normal(cfg.init_std), (axes.EMBED, axes.VOCAB)
                 ),
                 bias_init=partitioned(nn.initializers.zeros_init(), (axes.VOCAB,)),
-            )(y_BTD).astype(jnp.float32)
+            )(y_BTD.reshape(-1, y_BTD.shape[-1]))  # merged rows: see `functional.project`
+            out = out.reshape(*y_BTD.shape[:-1], -1).astype(jnp.float32)
         return out if cache is None else (out, cache)
 
 

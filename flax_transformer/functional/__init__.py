@@ -30,6 +30,7 @@ from flax_transformer.functional.positions import (
     segment_positions,
     sinusoidal_positions,
 )
+from flax_transformer.functional.projection import project
 
 __all__ = [
     "DEFAULT_ROPE_BASE",
@@ -48,6 +49,7 @@ __all__ = [
     "layer_norm",
     "multi_head_attention",
     "padding_mask",
+    "project",
     "rms_norm",
     "rope_angles",
     "segment_mask",

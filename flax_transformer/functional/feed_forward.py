@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
+
+from flax_transformer.functional.projection import project
 
 
 def feed_forward(
@@ -28,11 +29,11 @@ def feed_forward(
     Returns:
       `(..., D)`.
     """
-    h = jnp.einsum("...d,df->...f", x_TD, w1_DF)
+    h = project(x_TD, w1_DF)
     if b1_F is not None:
         h = h + b1_F
     h = activation(h)
-    y = jnp.einsum("...f,fd->...d", h, w2_FD)
+    y = project(h, w2_FD)
     if b2_D is not None:
         y = y + b2_D
     return y
@@ -63,11 +64,11 @@ def gated_feed_forward(
     Returns:
       `(..., D)`.
     """
-    gate = jnp.einsum("...d,df->...f", x_TD, wg_DF)
-    up = jnp.einsum("...d,df->...f", x_TD, wu_DF)
+    gate = project(x_TD, wg_DF)
+    up = project(x_TD, wu_DF)
     if biases is not None:
         gate, up = gate + biases[0], up + biases[1]
-    y = jnp.einsum("...f,fd->...d", activation(gate) * up, wd_FD)
+    y = project(activation(gate) * up, wd_FD)
     if biases is not None:
         y = y + biases[2]
     return y

@@ -34,7 +34,12 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import apply_rope, broadcast_mask, multi_head_attention
+from flax_transformer.functional import (
+    apply_rope,
+    broadcast_mask,
+    multi_head_attention,
+    project,
+)
 from flax_transformer.functional.attention import grouped_heads_attention
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
@@ -94,7 +99,7 @@ class MultiHeadAttention(nn.Module):
             (width, *features),
             self.param_dtype,
         )
-        y = jnp.tensordot(x_BTD.astype(self.dtype), kernel.astype(self.dtype), axes=1)
+        y = project(x_BTD.astype(self.dtype), kernel.astype(self.dtype))
         if self.use_bias:
             bias = self.param(
                 f"{name}_bias", partitioned(zeros_init, names), features, self.param_dtype
@@ -234,9 +239,7 @@ class MultiHeadAttention(nn.Module):
         # into one axis is free for the kernel; contracting over two axes instead made XLA
         # transpose the kernel on every decoding step.
         concat_BTK = out_BTNH.reshape(batch, q_len, width).astype(self.dtype)
-        y_BTD = jnp.einsum(
-            "btk,kd->btd", concat_BTK, w_out.reshape(width, width).astype(self.dtype)
-        )
+        y_BTD = project(concat_BTK, w_out.reshape(width, width).astype(self.dtype))
         if self.use_bias:
             b_out = self.param(
                 "out_bias", partitioned(zeros_init, (axes.EMBED,)), (width,), self.param_dtype

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import sinusoidal_positions
+from flax_transformer.functional import project, sinusoidal_positions
 from flax_transformer.layers.initializers import INIT_STD, default_embed_init, partitioned
 
 
@@ -44,9 +44,7 @@ class Embed(nn.Module):
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
         """x `(..., D)` -> logits `(..., V)` against the embedding matrix."""
-        return jnp.einsum(
-            "...d,vd->...v", x_BTD.astype(self.dtype), self.embedding.astype(self.dtype)
-        )
+        return project(x_BTD.astype(self.dtype), self.embedding.astype(self.dtype).T)
 
 
 class PositionalEncoding(nn.Module):

@@ -1,0 +1,30 @@
+"""A linear projection over merged rows: `x (..., D) @ w (D, *F) -> (..., *F)`."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+
+
+def project(x: jax.Array, w: jax.Array) -> jax.Array:
+    """Contract the last axis of `x` with the first of `w`, as one 2-D matmul.
+
+    Same result as `jnp.tensordot(x, w, axes=1)`; written over merged rows `(prod(...), D)`
+    and a merged kernel `(D, prod(F))` because XLA on CPU copies a transposed operand
+    before a weight-gradient dot that contracts two axes (batch and time) and gives the
+    2-D form none (benchmarks/RESULTS.md, "the copies' minimal reproduction").
+
+    Args:
+      x: inputs `(..., D)`.
+      w: kernel `(D, *F)`.
+
+    Returns:
+      `(..., *F)`.
+    """
+    lead, width, features = x.shape[:-1], x.shape[-1], w.shape[1:]
+    if w.shape[0] != width:
+        raise ValueError(f"project: x has {width} features but w has {w.shape[0]} rows")
+    rows = x.reshape(math.prod(lead), width)
+    y = rows @ w.reshape(width, math.prod(features))
+    return y.reshape(*lead, *features)
