@@ -513,3 +513,5 @@ class ProjectTest(chex.TestCase):
     def test_width_mismatch_names_both_sizes(self):
         with self.assertRaisesRegex(ValueError, "x has 8 features but w has 6 rows"):
             project(np.zeros((2, 8), np.float32), np.zeros((6, 3), np.float32))
+        with self.assertRaisesRegex(ValueError, "need at least one axis"):
+            project(np.float32(1.0), np.zeros((1, 3), np.float32))

@@ -22,6 +22,8 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
     Returns:
       `(..., *F)`.
     """
+    if x.ndim < 1 or w.ndim < 1:
+        raise ValueError(f"project: x and w need at least one axis, got {x.shape=}, {w.shape=}")
     lead, width, features = x.shape[:-1], x.shape[-1], w.shape[1:]
     if w.shape[0] != width:
         raise ValueError(f"project: x has {width} features but w has {w.shape[0]} rows")
