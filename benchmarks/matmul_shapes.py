@@ -1,12 +1,14 @@
-"""The matmuls of one dec_small training step, alone, in jax and in torch (one process each).
+"""The matmuls of one training step, alone, in jax and in torch (one process each).
 
     python -m benchmarks.matmul_shapes
 
 A minimal reproduction for the training-speed gap to torch eager on a CPU: if XLA runs the
 step's own matmul shapes (forward and both gradient forms) slower than torch does, the gap
-is in the matmul kernels, not in our model code. Each framework runs in its own process
-(their thread pools would interfere); each shape is timed as the median of 20 calls after
-a warm-up, float32.
+is in the matmul kernels, not in our model code. The projections are dec_small's; the
+attention products are the batched ones of the encdec and dec_small steps (one small
+product per sequence and head, B x N of them, where torch calls one bmm). Each framework
+runs in its own process (their thread pools would interfere); each shape is timed as the
+median of 20 calls after a warm-up, float32.
 """
 
 from __future__ import annotations
@@ -17,26 +19,38 @@ import sys
 
 from benchmarks.common import SIZES, machine_line
 
-# (name, M, K, N, A transposed, B transposed) of C = A (M, K) @ B (K, N) in a dec_small step,
-# T = batch x length tokens. A transposed operand is stored the other way round, as the
-# backward pass has it: dW = X^T dY with X stored (T, D); dX = dY W^T with W stored (D, V).
+# (name, batch, M, K, N, A transposed, B transposed) of C = A (M, K) @ B (K, N), `batch` of
+# them side by side (1: a plain 2-D matmul). T = batch x length tokens of a dec_small step.
+# A transposed operand is stored the other way round, as the backward pass has it:
+# dW = X^T dY with X stored (T, D); dX = dY W^T with W stored (D, V). The attention products
+# are per (sequence, head) of the encdec and dec_small steps: scores Q K^T with K stored
+# (S, H), then P V.
 _S = SIZES["dec_small"]
 _T = _S.batch * _S.tgt_len
+_E = SIZES["encdec"]
+_EB, _EL, _EH = _E.batch * _E.heads, _E.tgt_len, _E.d_model // _E.heads
+_SB, _SL, _SH = _S.batch * _S.heads, _S.tgt_len, _S.d_model // _S.heads
 SHAPES = [
-    ("qkv fwd", _T, _S.d_model, 3 * _S.d_model, False, False),
-    ("ffn in fwd", _T, _S.d_model, _S.d_ff, False, False),
-    ("ffn out fwd", _T, _S.d_ff, _S.d_model, False, False),
-    ("logits fwd", _T, _S.d_model, _S.vocab, False, False),
-    ("logits dX = dY W^T", _T, _S.vocab, _S.d_model, False, True),
-    ("logits dW = X^T dY", _S.d_model, _T, _S.vocab, True, False),
-    ("ffn in dW = X^T dY", _S.d_model, _T, _S.d_ff, True, False),
+    ("qkv fwd", 1, _T, _S.d_model, 3 * _S.d_model, False, False),
+    ("ffn in fwd", 1, _T, _S.d_model, _S.d_ff, False, False),
+    ("ffn out fwd", 1, _T, _S.d_ff, _S.d_model, False, False),
+    ("logits fwd", 1, _T, _S.d_model, _S.vocab, False, False),
+    ("logits dX = dY W^T", 1, _T, _S.vocab, _S.d_model, False, True),
+    ("logits dW = X^T dY", 1, _S.d_model, _T, _S.vocab, True, False),
+    ("ffn in dW = X^T dY", 1, _S.d_model, _T, _S.d_ff, True, False),
+    ("encdec attention Q K^T", _EB, _EL, _EH, _EL, False, True),
+    ("encdec attention P V", _EB, _EL, _EL, _EH, False, False),
+    ("dec_small attention Q K^T", _SB, _SL, _SH, _SL, False, True),
+    ("dec_small attention P V", _SB, _SL, _SL, _SH, False, False),
 ]
 
 
-def _operands(m, k, n, ta, tb, make):
-    """A (M, K) and B (K, N), each built transposed-in-storage where the flag says."""
-    a = make((k, m)) if ta else make((m, k))
-    b = make((n, k)) if tb else make((k, n))
+def _operands(g, m, k, n, ta, tb, make):
+    """A (M, K) and B (K, N), `g` of each when g > 1, built transposed-in-storage where the
+    flag says."""
+    lead = (g,) if g > 1 else ()
+    a = make((*lead, k, m)) if ta else make((*lead, m, k))
+    b = make((*lead, n, k)) if tb else make((*lead, k, n))
     return a, b
 
 
@@ -52,11 +66,15 @@ def _time_jax() -> dict[str, float]:
 
     out = {}
     rng = np.random.default_rng(0)
-    for name, m, k, n, ta, tb in SHAPES:
+    for name, g, m, k, n, ta, tb in SHAPES:
         a, b = _operands(
-            m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32)
+            g, m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32)
         )
-        f = jax.jit(lambda x, y, ta=ta, tb=tb: (x.T if ta else x) @ (y.T if tb else y))
+        f = jax.jit(
+            lambda x, y, ta=ta, tb=tb: (
+                (x.swapaxes(-1, -2) if ta else x) @ (y.swapaxes(-1, -2) if tb else y)
+            )
+        )
         f(a, b).block_until_ready()
         times = []
         for _ in range(_STEPS):
@@ -74,9 +92,10 @@ def _time_torch() -> dict[str, float]:
     import torch
 
     out = {}
-    for name, m, k, n, ta, tb in SHAPES:
-        a, b = _operands(m, k, n, ta, tb, lambda s: torch.randn(*s))
-        a, b = (a.T if ta else a), (b.T if tb else b)  # strided views, as autograd passes them
+    for name, g, m, k, n, ta, tb in SHAPES:
+        a, b = _operands(g, m, k, n, ta, tb, lambda s: torch.randn(*s))
+        # Strided views, as autograd passes them.
+        a, b = (a.transpose(-1, -2) if ta else a), (b.transpose(-1, -2) if tb else b)
         a @ b
         times = []
         for _ in range(_STEPS):
@@ -101,12 +120,13 @@ def main() -> None:
         )
         results[framework] = json.loads(run.stdout.strip().splitlines()[-1])
     print(f"# machine: {machine_line()}; float32, median of {_STEPS}")
-    print(f"{'matmul (M x K x N)':<38} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14} {'jax/torch':>10}")
-    for name, m, k, n, _, _ in SHAPES:
-        flops = 2 * m * k * n
+    head = f"{'matmul ([G x] M x K x N)':<42} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14}"
+    print(f"{head} {'jax/torch':>10}")
+    for name, g, m, k, n, _, _ in SHAPES:
+        flops = 2 * g * m * k * n
         j, t = flops / results["jax"][name] / 1e9, flops / results["torch"][name] / 1e9
-        label = f"{name} ({m}x{k}x{n})"
-        print(f"{label:<38} {j:12.1f} {t:14.1f} {j / t:10.2f}")
+        label = f"{name} ({g}x{m}x{k}x{n})" if g > 1 else f"{name} ({m}x{k}x{n})"
+        print(f"{label:<42} {j:12.1f} {t:14.1f} {j / t:10.2f}")
 
 
 if __name__ == "__main__":
