@@ -19,8 +19,8 @@ import sys
 
 from benchmarks.common import SIZES, machine_line
 
-# (name, batch, M, K, N, A transposed, B transposed) of C = A (M, K) @ B (K, N), `batch` of
-# them side by side (1: a plain 2-D matmul). T = batch x length tokens of a dec_small step.
+# (name, G, M, K, N, A transposed, B transposed) of C = A (M, K) @ B (K, N), G of them side
+# by side (1: a plain 2-D matmul). T = batch x length tokens of a dec_small step.
 # A transposed operand is stored the other way round, as the backward pass has it:
 # dW = X^T dY with X stored (T, D); dX = dY W^T with W stored (D, V). The attention products
 # are per (sequence, head) of the encdec and dec_small steps: scores Q K^T with K stored
