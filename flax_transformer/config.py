@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # Choices of the fields one layer reads (LayerConfig and TransformerConfig).
@@ -51,13 +53,13 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
             f"d_model={config.d_model}; pick num_heads among the divisors of d_model."
         )
     for name in ("dropout_rate", "attention_dropout_rate"):
-        value = getattr(config, name)
-        if not 0.0 <= value < 1.0:
-            raise ValueError(f"{owner}.{name}={value!r} must be in [0, 1).")
-    if not config.init_std > 0:
-        raise ValueError(f"{owner}.init_std={config.init_std!r} must be > 0.")
-    if config.layer_norm_eps <= 0:
-        raise ValueError(f"{owner}.layer_norm_eps={config.layer_norm_eps} must be > 0.")
+        _check_real(config, name, "in [0, 1)", lambda v: 0.0 <= v < 1.0)
+    for name in ("init_std", "layer_norm_eps"):
+        _check_real(config, name, "> 0", lambda v: v > 0)
+    _check_bool(config, "use_bias")
+    for name in ("attention_bias", "ffn_bias", "norm_bias"):
+        if getattr(config, name) is not None:
+            _check_bool(config, name)
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
             raise ValueError(f"{owner}.{name}={getattr(config, name)!r} is not one of {allowed}.")
@@ -83,9 +85,32 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
         )
 
 
+def _check_real(config: Any, name: str, bounds: str, within) -> None:
+    """A finite real number (not a bool or a string) for which `within` holds."""
+    value = getattr(config, name)
+    owner = type(config).__name__
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(
+            f"{owner}.{name}={value!r} must be a number {bounds}, got {type(value).__name__}."
+        )
+    if not math.isfinite(value):
+        raise ValueError(f"{owner}.{name}={value!r} must be a finite number {bounds}.")
+    if not within(value):
+        raise ValueError(f"{owner}.{name}={value!r} must be {bounds}.")
+
+
+def _check_bool(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(
+            f"{type(config).__name__}.{name}={value!r} must be True or False, got "
+            f"{type(value).__name__}."
+        )
+
+
 def _check_positive(config: Any, name: str) -> None:
     value = getattr(config, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{type(config).__name__}.{name}={value!r} must be a positive integer.")
 
 
@@ -194,21 +219,34 @@ class TransformerConfig:
     param_dtype: Any = "float32"  # parameter storage dtype
     scan_layers: bool = False  # stack layers with nn.scan (compile time flat in depth)
     remat: bool = False  # rematerialise each layer in the backward pass
+    # Check, inside jitted calls, what only the values can tell: token ids in [0, V),
+    # positions in [0, max_len), room in the KV cache, prompt lengths. Run the jitted call
+    # through `flax_transformer.checked` (jax's checkify) to get the error raised. Off: no
+    # check costs anything, and such inputs give NaN (docs/api.md, "What jit does not check")
+    debug_checks: bool = False
 
     def __post_init__(self):
         _check_layer_fields(self, _CHOICES)
         for name in ("vocab_size", "num_layers", "max_len"):
             _check_positive(self, name)
+        for name in ("scan_layers", "remat", "share_embeddings", "tie_output_embedding"):
+            _check_bool(self, name)
+        for name in ("scale_embeddings", "output_bias", "debug_checks"):
+            _check_bool(self, name)
         for name in ("target_vocab_size", "num_encoder_layers", "num_decoder_layers"):
             if getattr(self, name) is not None:
                 _check_positive(self, name)
-        if not self.embed_init_std > 0:
-            raise ValueError(
-                f"TransformerConfig.embed_init_std={self.embed_init_std!r} must be > 0."
-            )
+        _check_real(self, "embed_init_std", "> 0", lambda v: v > 0)
+        if self.final_norm is not None:
+            _check_bool(self, "final_norm")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(
                 f"TransformerConfig.d_model={self.d_model} must be even for sinusoidal positions."
+            )
+        if isinstance(self.pad_id, bool) or not isinstance(self.pad_id, numbers.Integral):
+            raise ValueError(
+                f"TransformerConfig.pad_id={self.pad_id!r} must be an int token id, got "
+                f"{type(self.pad_id).__name__}."
             )
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(

@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import parameterized
 from jax.test_util import check_grads
 
@@ -359,9 +360,9 @@ class MasksTest(chex.TestCase):
         chex.assert_shape(both, (2, 1, 3, 3))  # (B, N=1, T, S): the batch stays on axis 0
         chex.assert_type(both, jnp.bool_)
         np.testing.assert_array_equal(both, np.asarray(pad) & np.tril(np.ones((3, 3), bool)))
-        as_int = combine_masks(jnp.array([[1, 0], [2, 1]]))  # non-zero ints count as True
-        chex.assert_type(as_int, jnp.bool_)
-        np.testing.assert_array_equal(as_int, [[True, False], [True, True]])
+        # Masks are bool: an int (or additive float) mask is refused with the conversion.
+        with pytest.raises(TypeError, match=r"masks\[0\] has dtype int32.*m.astype\(bool\)"):
+            combine_masks(jnp.array([[1, 0], [2, 1]]))
 
 
 def _flax_layer_norm(x, scale, bias, eps):
@@ -452,7 +453,7 @@ class PositionsTest(chex.TestCase):
     def test_odd_dim_message(self):
         with self.assertRaisesRegex(ValueError, "even dim.*got 7"):
             sinusoidal_positions(3, 7)
-        with self.assertRaisesRegex(ValueError, "base > 0"):
+        with self.assertRaisesRegex(ValueError, "base=0.0 must be > 0"):
             sinusoidal_positions(3, 4, base=0.0)
 
 

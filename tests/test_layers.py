@@ -144,7 +144,9 @@ def test_causal_and_padding_mask_is_per_example_not_per_head():
     for b, n in enumerate(lengths):
         alone = module.apply(params, x[b : b + 1, :n], mask=causal_mask(n))
         chex.assert_trees_all_close(batched[b, :n], alone[0], atol=1e-5)
-    rank3 = combine_masks(causal_mask(4), (tok != 0)[:, None, :])  # the old (B, T, S) shape
+    with pytest.raises(ValueError, match=r"rank 3.*mask\[:, None\]"):
+        combine_masks(causal_mask(4), (tok != 0)[:, None, :])  # the old (B, T, S) shape
+    rank3 = causal_mask(4) & (tok != 0)[:, None, :]
     chex.assert_shape(rank3, (4, 4, 4))
     for impl in ("xla", "jax_nn"):
         with pytest.raises(ValueError, match=r"rank 3.*mask\[:, None\]"):

@@ -13,6 +13,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.functional.checks import (
+    check_bool_mask,
+    check_floating,
+    check_number,
+)
+
 # Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
 # exp(MASK_VALUE - max) underflows to exactly 0, and unlike -inf it never produces NaN
 # (Gemma's K_MASK and MaxText's DEFAULT_MASK_VALUE make the same choice).
@@ -41,18 +47,28 @@ def softmax_dtype(*dtypes) -> jnp.dtype:
 
 
 def broadcast_mask(
-    mask: jax.Array, batch: int, num_heads: int, q_len: int, kv_len: int
+    mask: jax.Array,
+    batch: int,
+    num_heads: int,
+    q_len: int,
+    kv_len: int,
+    *,
+    fn: str = "multi_head_attention",
 ) -> jax.Array:
     """The bool `(B, N, T, S)` mask of a rank-2 `(T, S)` or rank-4 `(B|1, N|1, T, S)` mask.
 
     Raises:
+      TypeError: the mask is not bool (an additive float mask or a 0/1 int mask: the message
+        gives the conversion).
       ValueError: the mask has another rank (rank 3 above all: its first axis would be
-        broadcast against the heads, not the batch), or does not broadcast to `(B, N, T, S)`.
+        broadcast against the heads, not the batch); or it is rank 2 with B == T > 1 and a
+        first axis of B, where a `(B, S)` padding mask and a `(T, S)` mask cannot be told
+        apart; or it does not broadcast to `(B, N, T, S)`.
     """
-    mask = jnp.asarray(mask)
+    mask = check_bool_mask(fn, mask)
     target = (batch, num_heads, q_len, kv_len)
     if mask.ndim not in MASK_RANKS:
-        fix = {
+        hint = {
             1: "for a key mask (S,) pass mask[None, :] (rank 2, (1, S))",
             3: (
                 "a rank-3 mask is ambiguous: broadcasting would line its first axis up with "
@@ -62,16 +78,29 @@ def broadcast_mask(
             ),
         }.get(mask.ndim, "reshape it to one of those ranks")
         raise ValueError(
-            f"mask.shape={mask.shape} has rank {mask.ndim}; attention takes a mask of rank 2, "
-            f"(T, S) shared by every example and head, or rank 4, (B or 1, N or 1, T, S) "
-            f"(here (B, N, T, S)={target}): {fix}."
+            f"{fn}: mask.shape={mask.shape} has rank {mask.ndim}; attention takes a mask of "
+            f"rank 2, (T, S) shared by every example and head, or rank 4, (B or 1, N or 1, T, "
+            f"S) (here (B, N, T, S)={target}): {hint}."
+        )
+    if mask.ndim == 2 and batch > 1 and batch == q_len and mask.shape[0] == batch:
+        raise ValueError(
+            f"{fn}: mask.shape={mask.shape} is rank 2 while B == T == {batch}, so it could be a "
+            "(T, S) mask or a (B, S) padding mask, which mean different things. Pass rank 4: "
+            "mask[None, None] for a (T, S) mask shared by every example, mask[:, None, None, "
+            ":] for a (B, S) padding mask (padding_mask(tokens) builds that)."
         )
     try:
-        return jnp.broadcast_to(mask, target).astype(jnp.bool_)
+        return jnp.broadcast_to(mask, target)
     except ValueError as err:
+        hint = ""
+        if mask.ndim == 2 and mask.shape[0] == batch and mask.shape[1] == kv_len:
+            hint = (
+                " It looks like a (B, S) padding mask: pass mask[:, None, None, :] "
+                "(B, 1, 1, S), or padding_mask(tokens)."
+            )
         raise ValueError(
-            f"mask.shape={mask.shape} does not broadcast to (B, N, T, S)={target}; each axis "
-            "must equal the one of (B, N, T, S) or be 1."
+            f"{fn}: mask.shape={mask.shape} does not broadcast to (B, N, T, S)={target}; each "
+            f"axis must equal the one of (B, N, T, S) or be 1 (rank 2 is read as (T, S)).{hint}"
         ) from err
 
 
@@ -93,27 +122,38 @@ def dot_product_attention(
       v: values `(S, Hv)`.
       mask: optional bool of rank 2, `(T, S)` or broadcastable to it (`(1, S)`: a key mask);
         True where the query may attend. Batched or per-head masks go to
-        `multi_head_attention`.
+        `multi_head_attention`. Other dtypes raise TypeError: an additive float mask `m`
+        (0 = attend, -inf = blocked) is `m == 0`.
       scale: multiplier of the scores; None means `1/sqrt(H)`, 1.0 the unscaled form.
-      dropout_rate: probability of dropping an attention weight (applied to the weights that
-        multiply V; the returned weights are the ones before dropout).
+      dropout_rate: probability in [0, 1) of dropping an attention weight (applied to the
+        weights that multiply V; the returned weights are the ones before dropout).
       dropout_rng: PRNG key; dropout runs only when it is given and `dropout_rate > 0`.
 
     Returns:
       `(out (T, Hv), weights (T, S))`. The scores and softmax run in float32, or in float64
       when an input is float64 (`softmax_dtype`); `out` is cast back to `q.dtype` and
       `weights` stays in the softmax dtype. A query row that may attend to no key gets
-      all-zero weights and a zero output (never NaN).
+      all-zero weights and a zero output (never NaN), and a key that no query may attend
+      to (padding) never reaches the output, even if its value is NaN or inf. (A NaN value
+      that some query sees still reaches that query, as it should; and under causal masking
+      it also reaches earlier queries through their zero weights: 0 * NaN.)
+
+    Raises:
+      TypeError: q, k or v is not floating (integer inputs would truncate), or the mask is
+        not bool.
+      ValueError: wrong ranks or shapes; dropout_rate outside [0, 1); a non-finite scale.
     """
-    _check_rank("q", q, 2)
-    _check_rank("k", k, 2)
-    _check_rank("v", v, 2)
+    fn = "dot_product_attention"
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _check_rank(name, x, 2)
+        check_floating(fn, name, x)
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k need the same last axis (d_k): {q.shape=}, {k.shape=}.")
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v need the same length S: {k.shape=}, {v.shape=}.")
+    check_dropout(fn, dropout_rate)
     if mask is not None:
-        mask = jnp.asarray(mask)
+        mask = check_bool_mask(fn, mask)
         if mask.ndim != 2:
             raise ValueError(
                 f"dot_product_attention attends one example with one head: mask must have "
@@ -128,6 +168,8 @@ def dot_product_attention(
             ) from err
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
+    else:
+        scale = check_number(fn, "scale", scale)
 
     dtype = softmax_dtype(q.dtype, k.dtype)
     scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
@@ -137,6 +179,10 @@ def dot_product_attention(
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
         # A row with no visible key would otherwise be uniform over masked keys.
         weights_TS = jnp.where(mask_TS, weights_TS, 0.0)
+        # A zero weight times a NaN or inf value is NaN: the values of keys that no query
+        # may see (padding) are replaced, not multiplied by zero, so they never reach the
+        # output whatever they hold.
+        v = jnp.where(jnp.any(mask_TS, axis=0)[:, None], v, jnp.zeros((), v.dtype))
     else:
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
 
@@ -146,7 +192,15 @@ def dot_product_attention(
         used_TS = jnp.where(keep, used_TS / (1.0 - dropout_rate), 0.0)
 
     out = jnp.einsum("ts,sh->th", used_TS.astype(v.dtype), v)
+    if mask is not None:
+        # A query that sees no key gets zeros, even where a key only others see holds NaN.
+        out = jnp.where(jnp.any(mask_TS, axis=1)[:, None], out, jnp.zeros((), out.dtype))
     return out.astype(q.dtype), weights_TS
+
+
+def check_dropout(fn: str, rate: float) -> None:
+    """ValueError unless the attention dropout rate is a finite number in [0, 1)."""
+    check_number(fn, "dropout_rate", rate, low=0.0, high=1.0, high_open=True)
 
 
 def multi_head_attention(
@@ -173,7 +227,9 @@ def multi_head_attention(
       mask: optional bool mask, True where the query may attend, of rank 2, `(T, S)` for
         every example and head, or rank 4, `(B|1, N|1, T, S)`, e.g. `(B, 1, T, S)` or
         `(B, 1, 1, S)` (`padding_mask`). Rank 3 raises ValueError: broadcasting would align
-        a `(B, T, S)` mask's first axis with the heads; write `mask[:, None]`.
+        a `(B, T, S)` mask's first axis with the heads; write `mask[:, None]`. So does a
+        rank-2 mask `(B, S)` when B == T > 1 (it cannot be told from a `(T, S)` mask): pass
+        rank 4. A non-bool mask raises TypeError (`broadcast_mask`).
       scale, dropout_rate: as in `dot_product_attention`.
       dropout_rng: one key; it is split so that every (example, head) drops independently.
 
@@ -181,17 +237,33 @@ def multi_head_attention(
       `(out (B, T, N, Hv), weights (B, N, T, S))`, weights in float32 (float64 for float64
       inputs).
     """
+    fn = "multi_head_attention"
     for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
         _check_rank(name, x, 4)
+        check_floating(fn, name, x)
     batch = q_BTNH.shape[0]
-    if k_BSNH.shape[0] != batch:
-        raise ValueError(f"q and k need the same batch axis: {q_BTNH.shape=}, {k_BSNH.shape=}.")
+    if k_BSNH.shape[0] != batch or v_BSNH.shape[0] != batch:
+        raise ValueError(
+            f"{fn}: q, k and v need the same batch axis B: {q_BTNH.shape=}, {k_BSNH.shape=}, "
+            f"{v_BSNH.shape=}."
+        )
+    if k_BSNH.shape[1:3] != v_BSNH.shape[1:3]:
+        raise ValueError(
+            f"{fn}: k and v need the same length S and head count K, (B, S, K, H): "
+            f"{k_BSNH.shape=}, {v_BSNH.shape=}."
+        )
+    if q_BTNH.shape[-1] != k_BSNH.shape[-1]:
+        raise ValueError(
+            f"{fn}: q and k need the same head width H (the last axis): {q_BTNH.shape=}, "
+            f"{k_BSNH.shape=}."
+        )
     return grouped_heads_attention(
         q_BTNH,
         k_BSNH,
         v_BSNH,
         mask,
         kv_head_axis=2,
+        fn=fn,
         scale=scale,
         dropout_rate=dropout_rate,
         dropout_rng=dropout_rng,
@@ -208,6 +280,7 @@ def grouped_heads_attention(
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    fn: str = "multi_head_attention",
 ) -> tuple[jax.Array, jax.Array]:
     """The vmaps of `multi_head_attention`, with the K key/value heads on `kv_head_axis`.
 
@@ -226,8 +299,9 @@ def grouped_heads_attention(
             f"{q_BTNH.shape=}, {k.shape=}; use N key/value heads or a divisor of N."
         )
     group = num_heads // num_kv_heads
+    check_dropout(fn, dropout_rate)
     if mask is not None:
-        mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len)
+        mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len, fn=fn)
         mask = mask.reshape(batch, num_kv_heads, group, q_len, kv_len)
     keys = None
     if dropout_rng is not None and dropout_rate > 0.0:
@@ -267,4 +341,5 @@ def simple_self_attention(x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
       `(context (T, D), weights (T, T))`.
     """
     _check_rank("x_TD", x_TD, 2)
+    check_floating("simple_self_attention", "x_TD", x_TD)
     return dot_product_attention(x_TD, x_TD, x_TD, scale=1.0)

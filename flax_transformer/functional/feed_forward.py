@@ -6,8 +6,30 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 
+from flax_transformer.functional.checks import check_floating, check_width
 from flax_transformer.functional.projection import project
+
+
+def _check_kernels(fn: str, x, w_in, w_out, names: tuple[str, str], biases: dict) -> None:
+    """x `(..., D)` floating, `w_in` `(D, F)`, `w_out` `(F, D)`, each bias `(its width,)`."""
+    check_floating(fn, "x_TD", x)
+    x_shape, in_shape, out_shape = jnp.shape(x), jnp.shape(w_in), jnp.shape(w_out)
+    width = x_shape[-1] if x_shape else None
+    ok = (
+        len(in_shape) == 2
+        and len(out_shape) == 2
+        and in_shape[0] == width
+        and out_shape == (in_shape[1], width)
+    )
+    if not ok:
+        raise ValueError(
+            f"{fn}: x_TD {x_shape}, {names[0]} {in_shape}, {names[1]} {out_shape}: the kernels "
+            f"must be 2-D, (D, F) then (F, D), with D = x's last axis ({width})."
+        )
+    for name, (b, size) in biases.items():
+        check_width(fn, name, b, size)
 
 
 def feed_forward(
@@ -28,7 +50,18 @@ def feed_forward(
 
     Returns:
       `(..., D)`.
+
+    Raises:
+      TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
     """
+    _check_kernels(
+        "feed_forward",
+        x_TD,
+        w1_DF,
+        w2_FD,
+        ("w1_DF", "w2_FD"),
+        {"b1_F": (b1_F, jnp.shape(w1_DF)[-1]), "b2_D": (b2_D, jnp.shape(x_TD)[-1])},
+    )
     h = project(x_TD, w1_DF)
     if b1_F is not None:
         h = h + b1_F
@@ -63,7 +96,27 @@ def gated_feed_forward(
 
     Returns:
       `(..., D)`.
+
+    Raises:
+      TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
     """
+    if jnp.shape(wg_DF) != jnp.shape(wu_DF):
+        raise ValueError(
+            f"gated_feed_forward: wg_DF {jnp.shape(wg_DF)} and wu_DF {jnp.shape(wu_DF)} must "
+            "both be (D, F)."
+        )
+    if biases is not None and len(biases) != 3:
+        raise ValueError("gated_feed_forward: biases must be (bg (F,), bu (F,), bd (D,)) or None.")
+    bg, bu, bd = (None, None, None) if biases is None else biases
+    hidden, width = jnp.shape(wg_DF)[-1], jnp.shape(x_TD)[-1]
+    _check_kernels(
+        "gated_feed_forward",
+        x_TD,
+        wg_DF,
+        wd_FD,
+        ("wg_DF", "wd_FD"),
+        {"bg": (bg, hidden), "bu": (bu, hidden), "bd": (bd, width)},
+    )
     gate = project(x_TD, wg_DF)
     up = project(x_TD, wu_DF)
     if biases is not None:

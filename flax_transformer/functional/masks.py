@@ -18,6 +18,8 @@ import operator
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.functional.checks import check_bool_mask, check_int
+
 
 def causal_mask(length: int) -> jax.Array:
     """Lower-triangular `(T, T)` mask: position t sees positions 0..t (the paper §3.2.3;
@@ -48,6 +50,12 @@ def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
       `dot_product_attention` or for one sequence's `(T, S)` mask.
     """
     tokens = jnp.asarray(tokens)
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise TypeError(
+            f"padding_mask needs int token ids, got dtype {tokens.dtype}; for a ready bool "
+            "(B, S) mask of real tokens use valid[:, None, None, :]."
+        )
+    check_int("padding_mask", "pad_id", pad_id)
     if tokens.ndim == 1:
         return (tokens != pad_id)[None, :]
     if tokens.ndim == 2:
@@ -63,16 +71,42 @@ def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
 
     Returns None when every mask is None (attend everywhere). Broadcasting aligns trailing
     axes, so combine masks of rank 2 `(T, S)` and rank 4 `(B|1, N|1, T, S)` only: a rank-3
-    operand would put its first axis on the heads (the attention functions reject the
-    rank-3 result).
+    operand would put its first axis on the heads, and is refused (ValueError), as are
+    other ranks. Two rank-2 masks are both read as `(T, S)`: a `(B, S)` padding mask must
+    be made rank 4 first (`mask[:, None, None, :]`, or `padding_mask(tokens)`); the
+    attention functions refuse a rank-2 result when B == T, where the two readings clash.
+
+    Raises:
+      TypeError: a mask is not bool (for an additive float mask m pass `m == 0`).
+      ValueError: a mask of rank other than 2 or 4, or masks that do not broadcast.
     """
-    present = [m for m in masks if m is not None]
+    present = [
+        check_bool_mask("combine_masks", m, f"masks[{i}]")
+        for i, m in enumerate(masks)
+        if m is not None
+    ]
     if not present:
         return None
-    out = present[0].astype(jnp.bool_)
+    for m in present:
+        if m.ndim not in (2, 4):
+            raise ValueError(
+                f"combine_masks: a mask of shape {m.shape} has rank {m.ndim}; combine masks of "
+                "rank 2, (T, S), and rank 4, (B|1, N|1, T, S): for a (B, S) padding mask pass "
+                "mask[:, None, None, :] (padding_mask(tokens) builds it), for (B, T, S) "
+                "mask[:, None]."
+            )
+    try:
+        shape = jnp.broadcast_shapes(*(m.shape for m in present))
+    except ValueError as err:
+        raise ValueError(
+            f"combine_masks: masks of shapes {[m.shape for m in present]} do not broadcast "
+            "together (rank 2 is read as (T, S)); a (B, S) padding mask needs "
+            "mask[:, None, None, :], or padding_mask(tokens)."
+        ) from err
+    out = present[0]
     for m in present[1:]:
-        out = jnp.logical_and(out, m.astype(jnp.bool_))
-    return out
+        out = jnp.logical_and(out, m)
+    return jnp.broadcast_to(out, shape)
 
 
 def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.functional.checks import check_floating, check_number, check_width
+
 # torch.nn.LayerNorm's default epsilon, also the value of the 2017 reference implementations.
 LAYER_NORM_EPS = 1e-5
 
@@ -31,9 +33,14 @@ def layer_norm(
       x: `(..., D)`.
       scale: `(D,)` gain, or None for 1.
       bias: `(D,)` shift, or None for 0.
-      eps: the small constant that keeps the division finite.
+      eps: the small constant that keeps the division finite; a finite number > 0.
       eps_inside_sqrt: which of the two forms above.
+
+    Raises:
+      TypeError: x is not floating (an int result would be truncated).
+      ValueError: eps is not a finite number > 0, or scale/bias is not `(D,)`.
     """
+    _check_norm_args("layer_norm", x, eps, scale=scale, bias=bias)
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     centred = x32 - mean
@@ -64,13 +71,29 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -
     Args:
       x: `(..., D)`.
       scale: `(D,)` gain, or None for 1.
-      eps: added to the mean square.
+      eps: added to the mean square; a finite number > 0.
 
     Returns:
       `(..., D)`.
+
+    Raises:
+      TypeError: x is not floating.
+      ValueError: eps is not a finite number > 0, or scale is not `(D,)`.
     """
+    _check_norm_args("rms_norm", x, eps, scale=scale)
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
     if scale is not None:
         y = y * scale.astype(jnp.float32)
     return y.astype(x.dtype)
+
+
+def _check_norm_args(fn: str, x: jax.Array, eps: float, **params: jax.Array | None) -> None:
+    """The checks both norms share: a floating x of rank >= 1, eps > 0, `(D,)` parameters."""
+    x = jnp.asarray(x)
+    if x.ndim < 1:
+        raise ValueError(f"{fn}: x must have a feature axis (..., D), got a scalar.")
+    check_floating(fn, "x", x)
+    check_number(fn, "eps", eps, low=0.0, low_open=True)
+    for name, param in params.items():
+        check_width(fn, name, param, x.shape[-1])

@@ -18,6 +18,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.functional.checks import check_floating, check_int, check_number
+
 # The base of the 2017 paper.
 DEFAULT_BASE = 10000.0
 
@@ -28,14 +30,19 @@ def sinusoidal_positions(length: int, dim: int, base: float = DEFAULT_BASE) -> j
     Args:
       length: number of positions (0..length-1).
       dim: model width D; must be even (one sin and one cos column per frequency).
-      base: frequency base (10000 in the paper; the notes' example uses 100).
+      base: frequency base, a finite number > 0 (10000 in the paper; small worked
+        examples often use 100).
+
+    Raises:
+      TypeError: length or dim is not an int.
+      ValueError: length < 1, dim odd or < 2, or base not a finite number > 0.
     """
-    if length < 1:
-        raise ValueError(f"sinusoidal_positions needs length >= 1, got {length}.")
-    if dim < 2 or dim % 2:
+    fn = "sinusoidal_positions"
+    check_int(fn, "length", length, low=1)
+    check_int(fn, "dim", dim, low=2)
+    if dim % 2:
         raise ValueError(f"sinusoidal_positions needs an even dim >= 2 (sin/cos pairs), got {dim}.")
-    if base <= 0:
-        raise ValueError(f"sinusoidal_positions needs base > 0, got {base}.")
+    check_number(fn, "base", base, low=0.0, low_open=True)
     pos_L1 = jnp.arange(length, dtype=jnp.float32)[:, None]
     two_i = jnp.arange(0, dim, 2, dtype=jnp.float32)[None, :]
     angles_LP = pos_L1 / jnp.power(jnp.float32(base), two_i / dim)
@@ -125,6 +132,7 @@ def apply_rope(
     """
     x_TNH = jnp.asarray(x_TNH)
     positions_T = jnp.asarray(positions_T)
+    check_floating("apply_rope", "x_TNH", x_TNH)
     if x_TNH.ndim < 2 or positions_T.shape != x_TNH.shape[:-2]:
         raise ValueError(
             f"apply_rope needs x (..., T, N, H) and positions (..., T) with the same leading "

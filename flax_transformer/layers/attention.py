@@ -37,10 +37,10 @@ from flax_transformer import axes
 from flax_transformer.functional import (
     apply_rope,
     broadcast_mask,
-    multi_head_attention,
     project,
 )
-from flax_transformer.functional.attention import grouped_heads_attention
+from flax_transformer.functional.attention import check_dropout, grouped_heads_attention
+from flax_transformer.functional.checks import check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
@@ -140,10 +140,17 @@ class MultiHeadAttention(nn.Module):
         Returns:
           `(B, T, D)` in `dtype`; with a `cache`, the pair `(output, updated cache)`.
         """
-        chex.assert_rank(x_q, 3)
+        fn = "MultiHeadAttention"
+        if jnp.ndim(x_q) != 3:
+            raise ValueError(f"{fn}: x_q must be (B, T, D), got shape {jnp.shape(x_q)}.")
+        check_floating(fn, "x_q", x_q)
         batch, q_len, width = x_q.shape
+        check_int(fn, "num_heads", self.num_heads, low=1)
+        if self.num_kv_heads is not None:
+            check_int(fn, "num_kv_heads", self.num_kv_heads, low=1)
         if width % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide the input width {width}.")
+        check_dropout(fn, self.dropout_rate)
         kv_heads = self.num_kv_heads or self.num_heads
         if self.num_heads % kv_heads:
             raise ValueError(
@@ -166,7 +173,12 @@ class MultiHeadAttention(nn.Module):
         if self.cross:
             q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
             if x_kv is not None:
-                chex.assert_rank(x_kv, 3)
+                if jnp.ndim(x_kv) != 3 or x_kv.shape[0] != batch:
+                    raise ValueError(
+                        f"{fn}: x_kv must be (B, S, D') with the queries' B={batch}, got shape "
+                        f"{jnp.shape(x_kv)}."
+                    )
+                check_floating(fn, "x_kv", x_kv)
                 kv_BS2KH = self._project("kv", x_kv, (2, *kh), (axes.QKV, *kv_names))
                 k_BSKH, v_BSKH = kv_BS2KH[:, :, 0], kv_BS2KH[:, :, 1]
                 if cache is not None:
@@ -205,6 +217,7 @@ class MultiHeadAttention(nn.Module):
                 kv_head_axis=1,
                 dropout_rate=self.dropout_rate,
                 dropout_rng=rng,
+                fn=fn,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
         elif (
@@ -214,18 +227,20 @@ class MultiHeadAttention(nn.Module):
         ):
             chex.assert_equal_shape([k_BSKH, v_BSKH])
             if mask is not None:
-                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSKH.shape[1])
+                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSKH.shape[1], fn=fn)
             # It groups query heads over K < N key/value heads as we do (i // (N // K)).
             out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask)
         else:
             chex.assert_equal_shape([k_BSKH, v_BSKH])
-            out_BTNH, weights_BNTS = multi_head_attention(
+            out_BTNH, weights_BNTS = grouped_heads_attention(
                 q_BTNH,
                 k_BSKH,
                 v_BSKH,
                 mask,
+                kv_head_axis=2,
                 dropout_rate=self.dropout_rate,
                 dropout_rng=rng,
+                fn=fn,
             )
             self.sow("intermediates", "attention_weights", weights_BNTS)
 

@@ -39,8 +39,13 @@ class Embed(nn.Module):
         )
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        """ids `(...)` int -> `(..., D)`. Ids must already be checked to be in range."""
-        return jnp.take(self.embedding, ids, axis=0).astype(self.dtype)
+        """ids `(...)` int -> `(..., D)`.
+
+        The models check ids where they are concrete (`check_tokens`). An id outside
+        [0, V) that reaches this lookup (under `jit`, unchecked) embeds as NaN, negative
+        ids included: it never reads another token's row.
+        """
+        return _take_or_nan(self.embedding, ids).astype(self.dtype)
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
         """x `(..., D)` -> logits `(..., V)` against the embedding matrix."""
@@ -62,7 +67,11 @@ class PositionalEncoding(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
-        """x `(B, T, D)` plus the encoding of `positions_BT` (default 0..T-1)."""
+        """x `(B, T, D)` plus the encoding of `positions_BT` (default 0..T-1).
+
+        A position outside [0, max_len) (possible only unchecked under `jit`; the models
+        check concrete ones) adds NaN.
+        """
         chex.assert_rank(x_BTD, 3)
         _, length, width = x_BTD.shape
         if positions_BT is None:
@@ -81,5 +90,16 @@ class PositionalEncoding(nn.Module):
             )
         else:
             table = sinusoidal_positions(self.max_len, width)
-        pos_BTD = jnp.take(table, positions_BT, axis=0)
+        pos_BTD = _take_or_nan(table, positions_BT)
         return x_BTD + pos_BTD.astype(x_BTD.dtype)
+
+
+def _take_or_nan(table_ND: jax.Array, index: jax.Array) -> jax.Array:
+    """Rows `index` of the table; NaN rows for an index outside [0, N), negative included.
+
+    `jnp.take` would wrap -1 around to row N - 1 (numpy indexing); mapping every index
+    outside the table to N makes its out-of-bounds fill (NaN) apply to both ends.
+    """
+    rows = table_ND.shape[0]
+    index = jnp.where((index < 0) | (index >= rows), rows, index)
+    return jnp.take(table_ND, index, axis=0, mode="fill", fill_value=jnp.nan)
