@@ -17,6 +17,7 @@ Dimension key used in names (`x_BTD`) and einsum strings:
 """
 
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
+from flax_transformer.checked import checked
 from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.decoding import generate_text, generate_translation
 from flax_transformer.functional import (
@@ -77,6 +78,7 @@ __all__ = [
     "apply_rope",
     "causal_mask",
     "check_tokens",
+    "checked",
     "combine_masks",
     "config_from_torch",
     "decoder_only_params_from_torch_encoder",

@@ -18,34 +18,52 @@ from flax_transformer.functional import (
     segment_mask,
     segment_positions,
 )
+from flax_transformer.functional.checks import is_concrete, runtime_check
 
 
-def check_tokens(tokens: jax.Array, vocab_size: int, max_len: int, name: str) -> None:
+def check_tokens(
+    tokens: jax.Array, vocab_size: int, max_len: int, name: str, *, debug_checks: bool = False
+) -> None:
     """Raise ValueError for a bad token array before any compute is spent.
 
-    Shape, dtype and length are checked always; the id range only for concrete arrays
-    (under `jit` values are unknown, and JAX gathers would silently clamp a bad id, so data
-    pipelines check ids where they enter).
+    Shape, dtype and length are checked always; the id range for concrete arrays. Under
+    `jit` the ids are tracers: with `debug_checks` the range becomes a `checkify` check
+    (`flax_transformer.checked` raises it); without, an id outside [0, vocab_size) embeds
+    as NaN (`layers.Embed`), so the logits of its row turn NaN.
     """
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise ValueError(f"{name} must hold integer token ids, got dtype {tokens.dtype}.")
+    if 0 in tokens.shape:
+        raise ValueError(
+            f"{name} is empty, {tokens.shape=}: pass at least one sequence of at least one token."
+        )
     if tokens.shape[1] > max_len:
         raise ValueError(
             f"{name} length {tokens.shape[1]} exceeds TransformerConfig.max_len={max_len}; "
             "shorten the input or raise max_len."
         )
-    if not isinstance(tokens, jax.core.Tracer):
+    if is_concrete(tokens):
         check_token_range(tokens, vocab_size, name)
+    else:
+        runtime_check(
+            debug_checks,
+            (tokens >= 0) & (tokens < vocab_size),
+            f"{name} holds token ids in [{{low}}, {{high}}], outside the vocabulary [0, "
+            f"{vocab_size}); check the tokenizer's vocab_size against "
+            "TransformerConfig.vocab_size.",
+            low=tokens.min(),
+            high=tokens.max(),
+        )
 
 
 def check_token_range(ids, vocab_size: int, name: str) -> None:
     """Raise ValueError naming the first id outside [0, vocab_size) and where it sits.
 
     The project's one id-range check: the models (concrete inputs), generation and the
-    training program's data all call it. JAX gathers clamp an out-of-range index, so a bad
-    id would otherwise read another token's embedding without an error.
+    training program's data all call it. Unchecked, a bad id would reach the embedding
+    lookup, which gives it a NaN row (`layers.Embed`): an error here names it instead.
 
     Args:
         ids: integer token ids, any shape (array-like, concrete).
@@ -71,12 +89,15 @@ def check_packing(
     positions_BT: jax.Array | None,
     max_len: int,
     names: tuple[str, str, str],
+    *,
+    debug_checks: bool = False,
 ) -> jax.Array | None:
     """Check a packed row's segment ids and positions; return the positions to use.
 
     Segment ids must be int `(B, T)` like the tokens, positions int `(B|1, T)` in
-    `[0, max_len)` (their range is checked for concrete arrays only). Positions default to
-    `segment_positions(segment_ids)` when segment ids are given, else None (0..T-1).
+    `[0, max_len)` (their range is checked for concrete arrays, and under `jit` with
+    `debug_checks`). Positions default to `segment_positions(segment_ids)` when segment ids
+    are given, else None (0..T-1).
     """
     tokens_name, segments_name, positions_name = names
     for name, ids, batches in (
@@ -97,14 +118,31 @@ def check_packing(
             )
     if positions_BT is None:
         return None if segment_ids_BT is None else segment_positions(segment_ids_BT)
-    if not isinstance(positions_BT, jax.core.Tracer):
-        values = np.asarray(positions_BT)
-        if values.size and (values.min() < 0 or values.max() >= max_len):
-            raise ValueError(
-                f"{positions_name} holds positions in [{values.min()}, {values.max()}], outside "
-                f"[0, TransformerConfig.max_len={max_len}); raise max_len or fix the positions."
-            )
+    check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
     return positions_BT
+
+
+def check_positions(
+    positions: jax.Array, max_len: int, name: str, *, debug_checks: bool = False
+) -> None:
+    """ValueError for positions outside [0, max_len) (concrete); a checkify check under `jit`
+    with `debug_checks`. Unchecked, such a position reads NaN from the position table."""
+    message = (
+        f"{name} holds positions in [{{low}}, {{high}}], outside [0, "
+        f"TransformerConfig.max_len={max_len}); raise max_len or fix the positions."
+    )
+    if is_concrete(positions):
+        values = np.asarray(positions)
+        if values.size and (values.min() < 0 or values.max() >= max_len):
+            raise ValueError(message.format(low=values.min(), high=values.max()))
+    else:
+        runtime_check(
+            debug_checks,
+            (positions >= 0) & (positions < max_len),
+            message,
+            low=positions.min(),
+            high=positions.max(),
+        )
 
 
 def self_attention_mask(

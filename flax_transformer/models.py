@@ -8,8 +8,9 @@ writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `le
 (default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
 different lengths share one cache: the padding slots past `lengths[b]` are overwritten by
 the next tokens and never attended to. New tokens that would not fit in the cache raise
-a ValueError where the cache index is concrete (`decoding.cache.check_cache_room`; under
-`jit` it is a tracer and the check cannot run: size the cache for every token).
+a ValueError where the cache index is concrete (`decoding.cache.check_cache_room`); under
+`jit` the row's logits are NaN instead, or, with `config.debug_checks`, a checkify check
+raises (`flax_transformer.checked`).
 
 Packed sequences (training and scoring, not the cache): several examples share one row,
 told apart by int segment ids `(B, T)`, 1, 2, ... per example and 0 at padding. Each token
@@ -24,11 +25,13 @@ from __future__ import annotations
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.config import TransformerConfig
-from flax_transformer.decoding.cache import cache_length, check_cache_room
+from flax_transformer.decoding.cache import cache_length, check_cache_kind, check_cache_room
+from flax_transformer.functional.checks import is_concrete, runtime_check
 from flax_transformer.inputs import (
     check_packing,
     check_tokens,
@@ -48,11 +51,16 @@ def _extend_decoder(
     encoded_BSD: jax.Array | None,
 ) -> tuple[jax.Array, dict]:
     """Run `tokens_BT` through `decoder` over `cache`: the body of both models' `extend`."""
-    check_tokens(tokens_BT, vocab_size, config.max_len, "tokens")
+    checks = config.debug_checks
+    check_tokens(tokens_BT, vocab_size, config.max_len, "tokens", debug_checks=checks)
     batch, length = tokens_BT.shape
     index_B = cache["index"]
-    chex.assert_shape(index_B, (batch,))
-    check_cache_room(cache, length, lengths_B)
+    if jnp.shape(index_B) != (batch,):
+        raise ValueError(
+            f"the cache holds {jnp.shape(index_B)} sequences (cache['index']), but tokens are "
+            f"{tokens_BT.shape} (B, T); build the cache with init_cache(config, B={batch}, L)."
+        )
+    check_cache_room(cache, length, lengths_B, debug_checks=checks)
     slots = cache_length(cache)
     config.check_length(slots, "cache")
     positions_BT = index_B[:, None] + jnp.arange(length)[None, :]
@@ -73,6 +81,10 @@ def _extend_decoder(
     )
     chex.assert_shape(logits_BTV, (batch, length, vocab_size))
     advance_B = jnp.full((batch,), length, jnp.int32) if lengths_B is None else lengths_B
+    # Unchecked under jit, a row whose tokens do not fit would attend without their keys
+    # (the cache drops writes past its last slot): give it NaN instead of drifted logits.
+    overflow_B = index_B + advance_B > slots
+    logits_BTV = jnp.where(overflow_B[:, None, None], jnp.nan, logits_BTV)
     return logits_BTV, {
         **cache,
         "index": index_B + advance_B.astype(jnp.int32),
@@ -126,9 +138,12 @@ class Transformer(nn.Module):
         within each segment, and `positions_BS` default to `segment_positions(segment_ids_BS)`.
         """
         cfg = self.config
-        check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens")
+        checks = cfg.debug_checks
+        check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks)
         names = ("src_tokens", "src_segment_ids", "src_positions")
-        positions_BS = check_packing(src_BS, segment_ids_BS, positions_BS, cfg.max_len, names)
+        positions_BS = check_packing(
+            src_BS, segment_ids_BS, positions_BS, cfg.max_len, names, debug_checks=checks
+        )
         encoded = self.encoder(
             src_BS,
             self_attention_mask(src_BS, cfg.pad_id, False, segment_ids_BS),
@@ -156,12 +171,13 @@ class Transformer(nn.Module):
         s only); `tgt_positions_BT` default to `segment_positions(tgt_segment_ids_BT)`.
         """
         cfg = self.config
-        check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens")
+        checks = cfg.debug_checks
+        check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens", debug_checks=checks)
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
         names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
         positions_BT = check_packing(
-            tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg.max_len, names
+            tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg.max_len, names, debug_checks=checks
         )
         cross_mask = cross_attention_mask(
             src_BS, cfg.pad_id, src_segment_ids_BS, tgt_segment_ids_BT
@@ -242,7 +258,14 @@ class Transformer(nn.Module):
             what happens under `jit`).
         """
         cfg = self.config
-        check_cache_room(cache, tgt_BT.shape[1], lengths_B)
+        check_cache_kind(cache, True, "Transformer.prefill")
+        if cache["source_mask"].shape != src_BS.shape:
+            raise ValueError(
+                f"Transformer.prefill: the cache was built for sources of shape "
+                f"{cache['source_mask'].shape} (B, S), but src_BS is {src_BS.shape}; build it "
+                f"with init_cache(config, B, L, source_length={src_BS.shape[-1]})."
+            )
+        check_cache_room(cache, tgt_BT.shape[1], lengths_B, debug_checks=cfg.debug_checks)
         encoded_BSD = self.encode(src_BS)
         cache = {**cache, "source_mask": src_BS != cfg.pad_id}
         vocab = cfg.output_vocab_size
@@ -254,9 +277,22 @@ class Transformer(nn.Module):
         """Decoder over `tgt_BT` `(B, T)` after a `prefill`: `(logits (B, T, V), cache)`.
 
         The encoder output is not needed: cross-attention reads its cached keys/values.
-        Raises ValueError, as `DecoderOnlyTransformer.extend`, if the tokens do not fit.
+        Raises ValueError, as `DecoderOnlyTransformer.extend`, if the tokens do not fit, and
+        if the cache holds no encoded source (a fresh `init_cache` never passed through
+        `prefill`). Under `jit` the second is a checkify check with `debug_checks`;
+        unchecked, such a cache has no visible source key and cross-attention adds zeros.
         """
         cfg = self.config
+        check_cache_kind(cache, True, "Transformer.extend")
+        message = (
+            "Transformer.extend: the cache holds no encoded source (its source_mask is all "
+            "False): run Transformer.prefill(src, prompt, cache) first, then extend."
+        )
+        if is_concrete(cache["source_mask"]):
+            if not np.asarray(cache["source_mask"]).any():
+                raise ValueError(message)
+        else:
+            runtime_check(cfg.debug_checks, jnp.any(cache["source_mask"]), message)
         vocab = cfg.output_vocab_size
         return _extend_decoder(self.decoder, cfg, vocab, tgt_BT, cache, lengths_B, None)
 
@@ -294,9 +330,12 @@ class DecoderOnlyTransformer(nn.Module):
           deterministic: False turns dropout on ('dropout' rng stream).
         """
         cfg = self.config
-        check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens")
+        checks = cfg.debug_checks
+        check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks)
         names = ("tokens", "segment_ids", "positions")
-        positions_BT = check_packing(tokens_BT, segment_ids_BT, positions_BT, cfg.max_len, names)
+        positions_BT = check_packing(
+            tokens_BT, segment_ids_BT, positions_BT, cfg.max_len, names, debug_checks=checks
+        )
         logits = self.decoder(
             tokens_BT,
             None,
@@ -325,9 +364,12 @@ class DecoderOnlyTransformer(nn.Module):
         Raises:
           ValueError: the new tokens do not fit, `index[b] + lengths_B[b]` exceeds the
             cache's L slots (it names L, the index and the count). Checked where the cache
-            index is a concrete array; under `jit` it is a tracer, nothing can be checked,
-            and writes past slot L - 1 are dropped (a silent wrong result), so size the
-            cache with `init_cache(config, B, L)` for every token, as `generate_text` does.
+            index is a concrete array. Under `jit` it is a tracer: with
+            `config.debug_checks` the overflow is a checkify check (`checked` raises it);
+            without, writes past slot L - 1 are dropped and the row's logits are NaN. Size
+            the cache with `init_cache(config, B, L)` for every token, as `generate_text`
+            does. Also a cache of the encoder-decoder model.
         """
         cfg = self.config
+        check_cache_kind(cache, False, "DecoderOnlyTransformer.extend")
         return _extend_decoder(self.decoder, cfg, cfg.vocab_size, tokens_BT, cache, lengths_B, None)

@@ -2,7 +2,8 @@
 
     {'index': int32 (B,)          tokens already in the cache, per sequence,
      'decoder': {...},             keys/values per decoder layer (`init_decoder_cache`),
-     'source_mask': bool (B, S)}   Transformer only: which encoder positions are real tokens.
+     'source_mask': bool (B, S)}   Transformer only: which encoder positions are real tokens
+                                   (all False until `Transformer.prefill` encodes a source).
 
 `Transformer.prefill` / `.extend` and `DecoderOnlyTransformer.extend` read and return it. A
 sequence's token at slot j sits at position j, and every sequence has its own `index`, so a
@@ -13,11 +14,14 @@ under `nn.scan`), so it works for both stacks (`blocks.stacks._stack` splits it 
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.config import TransformerConfig
+from flax_transformer.functional.checks import check_int, is_concrete, runtime_check
 
 
 def init_decoder_cache(
@@ -69,14 +73,25 @@ def init_cache(
         `config.max_len`, the positions the model knows.
       source_length: S, the encoder input length, for `Transformer`; None for
         `DecoderOnlyTransformer`.
+
+    Raises:
+      TypeError / ValueError: sizes that are not positive ints, or a length past max_len.
     """
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"init_cache needs a TransformerConfig, got {type(config).__name__}.")
+    check_int("init_cache", "batch", batch, low=1)
+    check_int("init_cache", "length", length, low=1)
+    if source_length is not None:
+        check_int("init_cache", "source_length", source_length, low=1)
     config.check_length(length, "cache")
     cache = {
         "index": jnp.zeros((batch,), jnp.int32),
         "decoder": init_decoder_cache(config, batch, length, source_length),
     }
     if source_length is not None:
-        cache["source_mask"] = jnp.ones((batch, source_length), jnp.bool_)
+        # No source yet: `prefill` writes the real mask. An `extend` before it attends to
+        # no source key (and raises where the mask is concrete).
+        cache["source_mask"] = jnp.zeros((batch, source_length), jnp.bool_)
     return cache
 
 
@@ -92,7 +107,9 @@ def cache_length(cache: dict) -> int:
     return first_layer["self_attention"]["k"].shape[-2]
 
 
-def check_cache_room(cache: dict, length: int, lengths_B: jax.Array | None = None) -> None:
+def check_cache_room(
+    cache: dict, length: int, lengths_B: jax.Array | None = None, *, debug_checks: bool = False
+) -> None:
     """Raise ValueError if `length` new tokens per sequence do not fit in the cache.
 
     Sequence b writes its new tokens at slots `index[b], index[b] + 1, ...`; its real ones,
@@ -100,21 +117,46 @@ def check_cache_room(cache: dict, length: int, lengths_B: jax.Array | None = Non
     `lengths_B[b]` may fall off the end: it is never attended to.)
 
     The check runs where `cache['index']` (and `lengths_B`) are concrete arrays, as
-    `models.check_tokens` checks token ids. Under `jit` they are tracers and nothing is
-    checked: writes past the last slot are then dropped, and the new tokens attend to a
-    cache without their own keys, a silent wrong result. Size the cache for the longest
-    prompt plus every token to generate, `init_cache(config, B, L)`, as the `generate_*`
-    functions do.
+    `models.check_tokens` checks token ids. Under `jit` they are tracers: with
+    `debug_checks` the same conditions become `checkify` checks (`flax_transformer.checked`
+    raises them); without, nothing is checked here and the models give NaN logits to every
+    row whose tokens do not fit (their keys would be dropped from the cache). Size the cache
+    for the longest prompt plus every token to generate, `init_cache(config, B, L)`, as the
+    `generate_*` functions do.
 
     Args:
       cache: the cache of the module docstring.
       length: T, the new tokens per sequence of this call.
       lengths_B: int `(B,)`, the real ones among them, each in [0, T]; None: all T.
+      debug_checks: turn the conditions into checkify checks where the values are traced.
     """
     index_B = cache["index"]
-    if any(isinstance(x, jax.core.Tracer) for x in (index_B, lengths_B)):
-        return
     slots = cache_length(cache)
+    if lengths_B is not None and not jnp.issubdtype(jnp.asarray(lengths_B).dtype, jnp.integer):
+        raise TypeError(
+            f"lengths_B must be int token counts (B,), got dtype {jnp.asarray(lengths_B).dtype}; "
+            "a fractional count would be truncated."
+        )
+    if not is_concrete(index_B, lengths_B):
+        new_B = length if lengths_B is None else lengths_B
+        if lengths_B is not None:
+            runtime_check(
+                debug_checks,
+                (lengths_B >= 0) & (lengths_B <= length),
+                f"lengths_B holds counts in [{{low}}, {{high}}], outside [0, T={length}]: the "
+                "real tokens of each row of this call.",
+                low=jnp.min(lengths_B),
+                high=jnp.max(lengths_B),
+            )
+        runtime_check(
+            debug_checks,
+            index_B + new_B <= slots,
+            f"KV cache overflow: the cache has {slots} slots and a sequence would need "
+            "{need}; build it with init_cache(config, batch, length) for a length that holds "
+            "the prompt plus every token to generate.",
+            need=jnp.max(index_B + new_B),
+        )
+        return
     index_B = np.asarray(index_B)
     if lengths_B is None:
         new_B = np.full(index_B.shape, length)
@@ -133,6 +175,32 @@ def check_cache_room(cache: dict, length: int, lengths_B: jax.Array | None = Non
             f"{int(index_B[b])} (cache index) and {int(new_B[b])} new tokens would need "
             f"{int(end_B[b])}. Build the cache with init_cache(config, batch, length) for a "
             f"length >= {int(end_B.max())}: the prompt plus every token to generate."
+        )
+
+
+def check_cache_kind(cache: Any, encoder_decoder: bool, method: str) -> None:
+    """ValueError unless `cache` is a cache of the right model kind (see module docstring).
+
+    A `Transformer` needs the cross-attention parts, `init_cache(..., source_length=S)`; a
+    `DecoderOnlyTransformer` must not have them.
+    """
+    if not isinstance(cache, dict) or "index" not in cache or "decoder" not in cache:
+        got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
+        raise ValueError(
+            f"{method}: cache must be the dict that decoding.init_cache returns ('index', "
+            f"'decoder', ...), got {got}."
+        )
+    has_source = "source_mask" in cache
+    if encoder_decoder and not has_source:
+        raise ValueError(
+            f"{method}: this cache has no cross-attention part (a decoder-only cache); build "
+            "one for the encoder-decoder Transformer with init_cache(config, batch, length, "
+            "source_length=S)."
+        )
+    if not encoder_decoder and has_source:
+        raise ValueError(
+            f"{method}: this cache has a cross-attention part (an encoder-decoder cache); "
+            "build one for the DecoderOnlyTransformer with init_cache(config, batch, length)."
         )
 
 

@@ -13,6 +13,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 
 from flax_transformer.decoding import search
 from flax_transformer.decoding.sampling import choose_tokens
@@ -26,6 +27,7 @@ from flax_transformer.decoding.validation import (
     is_int,
     unbox_params,
 )
+from flax_transformer.functional.checks import is_concrete
 
 # Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
@@ -48,23 +50,22 @@ def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, r
     return choose
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=(
-        "model",
-        "kind",
-        "max_new_tokens",
-        "beam_size",
-        "sample",
-        "top_k",
-        "filter_top_p",
-        "use_cache",
-        "return_logits",
-        "logits_hook",
-        "decode_dtype",
-    ),
+_STATIC_OPTIONS = (
+    "model",
+    "kind",
+    "max_new_tokens",
+    "beam_size",
+    "sample",
+    "top_k",
+    "filter_top_p",
+    "use_cache",
+    "return_logits",
+    "logits_hook",
+    "decode_dtype",
 )
-def _generate(
+
+
+def _generate_impl(
     model,
     params,
     tokens_BP,
@@ -123,6 +124,21 @@ def _generate(
     )
 
 
+_generate = jax.jit(_generate_impl, static_argnames=_STATIC_OPTIONS)
+
+
+@functools.lru_cache(maxsize=32)
+def _checked_generate(model, **static):
+    """`_generate` for one set of static options, its checkify checks functionalized.
+
+    The model's `config.debug_checks` puts checks on traced values into the program
+    (token ids, cache room, prompt lengths); `checkify.checkify` turns them into an error
+    value that `_run` raises. Cached per static options, as `jax.jit` caches `_generate`.
+    """
+    bound = functools.partial(_generate_impl, model, **static)
+    return jax.jit(checkify.checkify(bound, errors=checkify.user_checks))
+
+
 def _in_dtype(model, params, dtype: str):
     """The model computing in `dtype` with its floating-point weights cast to it, once.
 
@@ -162,7 +178,7 @@ def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_log
     temperature, top_p = float(options["temperature"]), float(options["top_p"])
     sample = temperature > 0
     eos_id = options["eos_id"]
-    return _generate(
+    traced = (
         model,
         params,
         tokens,
@@ -173,6 +189,8 @@ def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_log
         jnp.float32(temperature if sample else 1.0),
         jnp.float32(top_p),
         jnp.float32(options["length_penalty"]),
+    )
+    static = dict(
         kind=kind,
         max_new_tokens=options["max_new_tokens"],
         beam_size=options["beam_size"],
@@ -184,6 +202,11 @@ def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_log
         logits_hook=options["logits_hook"],
         decode_dtype=options["decode_dtype"],
     )
+    if model.config.debug_checks and is_concrete(tokens, lengths, *jax.tree.leaves(params)):
+        err, out = _checked_generate(model, **static)(*traced[1:])
+        err.throw()
+        return out
+    return _generate(*traced, **static)
 
 
 def generate_translation(
@@ -220,8 +243,9 @@ def generate_translation(
       max_new_tokens: N, the most tokens generated; `1 + N <= config.max_len`.
       beam_size: 1 for greedy decoding or sampling; K > 1 for beam search (which with one
         beam is exactly greedy decoding, so 1 runs the cheaper greedy loop).
-      length_penalty: beam search's GNMT exponent alpha (0: raw log-probability).
-      temperature: 0.0 for greedy; > 0 samples from softmax(logits / temperature).
+      length_penalty: beam search's GNMT exponent alpha, finite, >= 0 (0: raw
+        log-probability), small enough that the penalty stays finite in float32.
+      temperature: 0.0 for greedy; > 0 (finite) samples from softmax(logits / temperature).
       top_k: when sampling, keep only the k most likely tokens (0: all). Sampling only:
         with temperature=0 a top_k or top_p other than off raises ValueError.
       top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
@@ -247,6 +271,10 @@ def generate_translation(
         the loop, and computes and caches keys/values in it (norms, softmax and logits stay
         float32). bfloat16 halves the bytes each step reads; its logits differ from float32
         by rounding (about 1e-2 relative), so near-ties may pick other tokens.
+
+    With `model.config.debug_checks` the whole program runs through checkify, and a bad
+    value inside it (a token id, a cache overflow) raises `checkify.JaxRuntimeError` after
+    the call; the tokens are the same as without.
 
     Returns:
       int32 `(B, N)`: the generated tokens after BOS, EOS included where produced, then

@@ -79,14 +79,18 @@ def filter_logits(
 
     Args:
       logits_BV: float logits `(..., V)`.
-      temperature: > 0; below 1 sharpens, above 1 flattens the distribution.
+      temperature: > 0; below 1 sharpens, above 1 flattens the distribution. Entries at
+        `MASKED_LOGIT` (or below) stay there whatever the temperature.
       top_k: keep the k most likely tokens; 0 keeps all.
       top_p: keep the nucleus of mass p (after temperature and top-k); None keeps all.
 
     Returns:
       float32 `(..., V)`, masked entries `MASKED_LOGIT`.
     """
-    logits_BV = logits_BV.astype(jnp.float32) / temperature
+    logits_BV = logits_BV.astype(jnp.float32)
+    # Masked tokens stay masked at any temperature: MASKED_LOGIT / 1e40 would be about 0,
+    # level with the real tokens, and padding could be sampled.
+    logits_BV = jnp.where(logits_BV <= MASKED_LOGIT, MASKED_LOGIT, logits_BV / temperature)
     if top_k:
         logits_BV = jnp.where(top_k_mask(logits_BV, top_k), logits_BV, MASKED_LOGIT)
     if top_p is not None:

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.decoding.cache import init_cache, move_rows, select_rows
+from flax_transformer.functional.checks import runtime_check
 
 
 class Stepper(NamedTuple):
@@ -42,8 +43,15 @@ class Stepper(NamedTuple):
 
 
 def _last_logits(logits_BTV: jax.Array, lengths_B: jax.Array) -> jax.Array:
-    """Row `lengths_B[b] - 1` of each sequence's logits: the prediction of its next token."""
-    return jnp.take_along_axis(logits_BTV, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
+    """Row `lengths_B[b] - 1` of each sequence's logits: the prediction of its next token.
+
+    A length outside [1, T] (only possible unchecked under `jit`) gives NaN logits, not
+    the wrap-around of row -1.
+    """
+    valid_B = (lengths_B >= 1) & (lengths_B <= logits_BTV.shape[1])
+    safe_B = jnp.where(valid_B, lengths_B, 1)
+    last_BV = jnp.take_along_axis(logits_BTV, (safe_B - 1)[:, None, None], axis=1)[:, 0]
+    return jnp.where(valid_B[:, None], last_BV, jnp.nan)
 
 
 def _cached_step(model, params) -> Callable:
@@ -91,6 +99,14 @@ def text_stepper(
     cfg = model.config
     batch, prompt_len = prompt_BP.shape
     length = prompt_len + max_new_tokens
+    runtime_check(
+        cfg.debug_checks,
+        (lengths_B >= 1) & (lengths_B <= prompt_len),
+        f"prompt_lengths hold [{{low}}, {{high}}]; each must lie in [1, P={prompt_len}]: every "
+        "prompt needs at least one token.",
+        low=jnp.min(lengths_B),
+        high=jnp.max(lengths_B),
+    )
     real_BP = jnp.arange(prompt_len)[None, :] < lengths_B[:, None]
     prompt_BP = jnp.where(real_BP, prompt_BP, cfg.pad_id)
     if not use_cache:

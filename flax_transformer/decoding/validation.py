@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from flax_transformer.decoding.search import LENGTH_PENALTY_BASE
 from flax_transformer.inputs import check_token_range
 
 
@@ -64,13 +67,12 @@ def check_options(
         raise ValueError(f"{fn}: eos_id={eos_id} equals pad_id; EOS must be a real token.")
     if not is_int(beam_size) or beam_size < 1:
         raise ValueError(f"{fn}: beam_size={beam_size!r} must be an int >= 1.")
-    if not length_penalty >= 0:
-        raise ValueError(f"{fn}: length_penalty={length_penalty!r} must be >= 0 (0: none).")
-    if not temperature >= 0:
-        raise ValueError(f"{fn}: temperature={temperature!r} must be >= 0 (0: greedy).")
+    _finite(fn, "length_penalty", length_penalty, ">= 0 (0: none)", 0.0)
+    _check_penalty_range(fn, length_penalty, max_new_tokens)
+    _finite(fn, "temperature", temperature, ">= 0 (0: greedy)", 0.0)
     if not is_int(top_k) or not 0 <= top_k <= vocab:
         raise ValueError(f"{fn}: top_k={top_k!r} must be an int in [0, {vocab}] (0: off).")
-    if not 0.0 < top_p <= 1.0:
+    if not _is_real(top_p) or not 0.0 < top_p <= 1.0:
         raise ValueError(f"{fn}: top_p={top_p!r} must be in (0, 1] (1: off).")
     sampling = temperature > 0
     if beam_size > 1 and (sampling or top_k or top_p < 1.0):
@@ -92,6 +94,32 @@ def check_options(
         )
     if rng is not None:
         check_rng(fn, rng)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _finite(fn: str, name: str, value: Any, what: str, low: float) -> None:
+    """ValueError unless `value` is a finite real number >= low (inf would tie every beam,
+    or flatten sampling to uniform over the vocabulary)."""
+    if not _is_real(value) or not math.isfinite(value):
+        raise ValueError(f"{fn}: {name}={value!r} must be a finite number {what}.")
+    if value < low:
+        raise ValueError(f"{fn}: {name}={value!r} must be {what}.")
+
+
+def _check_penalty_range(fn: str, alpha: float, max_new_tokens: int) -> None:
+    """ValueError if the GNMT penalty ((5 + n) / 6) ** alpha overflows float32 for n <= N:
+    every score would then be -0.0, and beam search would rank its hypotheses at random."""
+    base = (LENGTH_PENALTY_BASE + max_new_tokens) / (LENGTH_PENALTY_BASE + 1.0)
+    largest = math.log(float(np.finfo(np.float32).max)) / math.log(base)
+    if alpha > largest:
+        raise ValueError(
+            f"{fn}: length_penalty={alpha!r} makes the length penalty ((5 + n) / 6) ** "
+            f"{alpha!r} overflow float32 by n = max_new_tokens = {max_new_tokens}, which ties "
+            f"every beam; use a length_penalty <= {largest:.1f} (GNMT uses 0.6-1.0)."
+        )
 
 
 def check_rng(fn: str, rng: Any) -> None:
