@@ -55,7 +55,16 @@ def make_mesh(
       ValueError: when the sizes do not multiply to the number of devices.
     """
     devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("make_mesh: devices is empty; pass at least one device (or None: all).")
     sizes = [data, fsdp, tensor]
+    for name, size in zip(MESH_AXES, sizes, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int | np.integer):
+            raise ValueError(
+                f"make_mesh: {name}={size!r} must be an int (a positive size, or -1 for the "
+                "devices left over)."
+            )
+    sizes = [int(s) for s in sizes]
     if sizes.count(-1) > 1:
         raise ValueError(f"at most one mesh axis may be -1, got (data, fsdp, tensor)={sizes}.")
     if any(s == 0 or s < -1 for s in sizes):
@@ -106,6 +115,48 @@ def logical_shardings(boxed_tree, mesh: Mesh, rules=DEFAULT_RULES):
     return nn.logical_to_mesh_sharding(specs, mesh, rules)
 
 
+def check_divisible(boxed_tree, mesh: Mesh, rules=DEFAULT_RULES) -> None:
+    """ValueError if a parameter's axis cannot be split evenly over its mesh axes.
+
+    Args:
+      boxed_tree: parameters with logical axis names (`nn.LogicallyPartitioned` leaves,
+        e.g. `jax.eval_shape(model.init, ...)`); leaves without names are replicated.
+      mesh: the device mesh.
+      rules: logical-to-mesh rules (`model_rules(config, mesh)`).
+
+    Raises:
+      ValueError: naming the parameter, its logical axis and size, the mesh axes and their
+        size, and the mesh sizes that would divide it.
+    """
+    axis_size = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    specs = nn.get_partition_spec(boxed_tree)
+    shapes = jax.tree.map(lambda x: x.shape, nn.unbox(boxed_tree))
+    flat_specs = jax.tree_util.tree_flatten_with_path(
+        specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )[0]
+    flat_shapes = jax.tree.leaves(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    for (path, logical), shape in zip(flat_specs, flat_shapes, strict=True):
+        if not isinstance(logical, PartitionSpec):
+            continue
+        mesh_axes = nn.logical_to_mesh_axes(tuple(logical), rules)
+        for dim, (name, target) in enumerate(zip(logical, mesh_axes, strict=False)):
+            if target is None:
+                continue
+            targets = (target,) if isinstance(target, str) else tuple(target)
+            parts = int(np.prod([axis_size[t] for t in targets]))
+            if shape[dim] % parts:
+                size = shape[dim]
+                fits = [
+                    d for d in range(1, size + 1) if size % d == 0 and d <= len(mesh.devices.flat)
+                ]
+                raise ValueError(
+                    f"parameter {jax.tree_util.keystr(path)} of shape {shape}: its axis {dim} "
+                    f"('{name}', size {size}) is split over mesh axes {targets} of size "
+                    f"{parts}, which does not divide {size}. Make the product of {targets} "
+                    f"one of {fits}, or make that size a multiple of {parts}."
+                )
+
+
 def batch_sharding(mesh: Mesh, rank: int = 2) -> NamedSharding:
     """Sharding of a `(B, ...)` input batch: B split over the data and fsdp axes."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (rank - 1))))
@@ -124,10 +175,14 @@ def init_sharded(model: nn.Module, mesh: Mesh, rng: jax.Array, *example_inputs, 
 
     Returns:
       `(params, shardings)`: unboxed parameters placed per the rules, and their shardings.
+
+    Raises:
+      ValueError: a parameter axis the mesh cannot split evenly (`check_divisible`).
     """
     if rules is None:
         rules = model_rules(getattr(model, "config", None), mesh)
     abstract = jax.eval_shape(model.init, rng, *example_inputs)
+    check_divisible(abstract, mesh, rules)
     shardings = nn.unbox(logical_shardings(abstract, mesh, rules))
 
     def init(key):
