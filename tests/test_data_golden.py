@@ -36,6 +36,7 @@ def describe(config, run: RunDir, num_devices: int = 1, share: RowShare = WHOLE_
     epochs = [dataset.build_epoch(input_pipeline.epoch_rng(config.seed, e)) for e in (0, 1)]
     texts = json.dumps(dataset.valid_examples).encode()
     return {
+        "fingerprint": dataset.fingerprint["sha256"][:16],
         "sizes": dataset.sizes,
         "chars_per_token": dataset.chars_per_token,
         "valid_examples": hashlib.sha256(texts).hexdigest()[:16],
@@ -65,6 +66,7 @@ def _variant(name: str, tmp_path):
 
 GOLDEN = {
     "tsv-none": {
+        "fingerprint": "6b5dd5c8f4b383a0",
         "sizes": {"train": 279, "copied": 140, "valid": 21, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.0,
         "valid_examples": "5c344567e9452306",
@@ -72,6 +74,7 @@ GOLDEN = {
         "epochs": [[27, "fd4f5233b83257ad"], [27, "c8d42dde692039e1"]],
     },
     "tsv-segments": {
+        "fingerprint": "6b5dd5c8f4b383a0",
         "sizes": {"train": 279, "copied": 140, "valid": 21, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.0,
         "valid_examples": "5c344567e9452306",
@@ -79,6 +82,7 @@ GOLDEN = {
         "epochs": [[13, "35682287b5bc9a2c"], [13, "73edbff0060ce9d9"]],
     },
     "tsv-none-2dev": {
+        "fingerprint": "6b5dd5c8f4b383a0",
         "sizes": {"train": 279, "copied": 140, "valid": 21, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.0,
         "valid_examples": "5c344567e9452306",
@@ -86,6 +90,7 @@ GOLDEN = {
         "epochs": [[105, "d2d29b853e97314b"], [105, "1d178d1eb8a7a033"]],
     },
     "tsv-segments-2dev": {
+        "fingerprint": "6b5dd5c8f4b383a0",
         "sizes": {"train": 279, "copied": 140, "valid": 21, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.0,
         "valid_examples": "5c344567e9452306",
@@ -93,6 +98,7 @@ GOLDEN = {
         "epochs": [[51, "2c8dbdd7c4ef70eb"], [51, "323d8c9c4e3203be"]],
     },
     "text-none": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 147, "copied": 0, "valid": 20, "test": 0, "dropped_too_long": 33},
         "chars_per_token": 1.0,
         "valid_examples": "6139dc2811256403",
@@ -100,6 +106,7 @@ GOLDEN = {
         "epochs": [[10, "e0438cdd89318868"], [10, "938c2eab14fe92bb"]],
     },
     "text-segments": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 147, "copied": 0, "valid": 20, "test": 0, "dropped_too_long": 33},
         "chars_per_token": 1.0,
         "valid_examples": "6139dc2811256403",
@@ -107,6 +114,7 @@ GOLDEN = {
         "epochs": [[7, "02e8e65a8db48581"], [7, "8d2de34473aaf1c7"]],
     },
     "text-stream": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 178, "copied": 0, "valid": 22, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 0.9130434782608695,
         "valid_examples": "d3121360edb717ef",
@@ -114,6 +122,7 @@ GOLDEN = {
         "epochs": [[9, "0bf038ec43ffca98"], [9, "087b10cb54868e86"]],
     },
     "text-none-2dev": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 114, "copied": 0, "valid": 15, "test": 0, "dropped_too_long": 71},
         "chars_per_token": 1.0,
         "valid_examples": "d160dccfc10e00d3",
@@ -121,6 +130,7 @@ GOLDEN = {
         "epochs": [[8, "7517c10aa7c2ec37"], [8, "05a4aee7cbf9fc7d"]],
     },
     "text-segments-2dev": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 114, "copied": 0, "valid": 15, "test": 0, "dropped_too_long": 71},
         "chars_per_token": 1.0,
         "valid_examples": "d160dccfc10e00d3",
@@ -128,6 +138,7 @@ GOLDEN = {
         "epochs": [[6, "50638ae34e5e13db"], [6, "591e5ebbee90a614"]],
     },
     "text-stream-2dev": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 178, "copied": 0, "valid": 22, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 0.9130434782608695,
         "valid_examples": "d3121360edb717ef",
@@ -135,6 +146,7 @@ GOLDEN = {
         "epochs": [[12, "ba1f0e8d48386da1"], [12, "9ab7c84f6521d993"]],
     },
     "tsv-segments-spm": {
+        "fingerprint": "6b5dd5c8f4b383a0",
         "sizes": {"train": 279, "copied": 0, "valid": 21, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.6475409836065573,
         "valid_examples": "5c344567e9452306",
@@ -142,6 +154,7 @@ GOLDEN = {
         "epochs": [[6, "6a8679b4de32ed2a"], [6, "3b64d5b33ea1b48b"]],
     },
     "text-stream-spm": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 178, "copied": 0, "valid": 22, "test": 0, "dropped_too_long": 0},
         "chars_per_token": 1.1268292682926828,
         "valid_examples": "d3121360edb717ef",
@@ -149,6 +162,7 @@ GOLDEN = {
         "epochs": [[8, "eb6b4d8c8141179d"], [8, "c7d2d9fbc9e874d6"]],
     },
     "text-none-spm": {
+        "fingerprint": "3704530f57f9809c",
         "sizes": {"train": 172, "copied": 0, "valid": 22, "test": 0, "dropped_too_long": 6},
         "chars_per_token": 1.2622950819672132,
         "valid_examples": "d3121360edb717ef",
