@@ -9,14 +9,24 @@ from train_helpers import random_pairs, tiny_config, write_tiny_tsv
 
 from train import batching, input_pipeline
 from train.rundir import RunDir
+from train.tasks import TASKS
+
+TRANSLATION = TASKS["translation"]
 
 # ---------------------------------------------------------------------------------------------
 # Resumable stream.
 
 
+def _batches(pairs, rng=None):
+    sides = [TRANSLATION.to_sides(pair) for pair in pairs]
+    return batching.bucketed_batches(
+        TRANSLATION.sides, sides, bucket_lengths=(8, 16), batch_size=4, rng=rng
+    )
+
+
 def _stream(pairs, seed=3, state=None):
     def build(rng):
-        return batching.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4, rng=rng)
+        return _batches(pairs, rng)
 
     return input_pipeline.EpochStream(build, seed=seed, state=state)
 
@@ -40,7 +50,7 @@ def test_stream_resumes_exactly_from_json_state():
 def test_stream_epochs_differ_and_seeds_reproduce():
     pairs = random_pairs(40, 16)
     stream = _stream(pairs)
-    per_epoch = len(batching.translation_batches(pairs, bucket_lengths=(8, 16), batch_size=4))
+    per_epoch = len(_batches(pairs))
     epoch0 = [_ids(next(stream)) for _ in range(per_epoch)]
     assert stream.state_dict() == {"epoch": 0, "position": per_epoch}
     epoch1 = [_ids(next(stream)) for _ in range(per_epoch)]

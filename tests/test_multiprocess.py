@@ -17,8 +17,9 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import batching, distributed, launch_local, metrics
+from train import batching, distributed, launch_local, metrics, packing
 from train.rundir import RunDir
+from train.tasks import TASKS
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every run of the slow test is stopped after this long, whatever happens.
@@ -51,11 +52,14 @@ def _pairs(num: int) -> list[tuple[list[int], list[int]]]:
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_process_shares_cover_every_example_once_in_the_global_order(count):
     pairs = _pairs(37)  # not a multiple of the batch: the last batches are part padding
+    task = TASKS["translation"]
+    sides = [task.to_sides(pair) for pair in pairs]
     kwargs = dict(bucket_lengths=(4, 8), batch_size=8, rng=np.random.default_rng([3, 0]))
-    whole = batching.translation_batches(pairs, **kwargs)
+    whole = batching.bucketed_batches(task.sides, sides, **kwargs)
     parts = [
-        batching.translation_batches(
-            pairs,
+        batching.bucketed_batches(
+            task.sides,
+            sides,
             **{**kwargs, "rng": np.random.default_rng([3, 0])},
             share=batching.RowShare(index, count),
         )
@@ -74,14 +78,20 @@ def test_process_shares_cover_every_example_once_in_the_global_order(count):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_language_model_shares_stack_into_the_global_batches(packed):
-    lines = [list(range(1, 2 + i % 7)) for i in range(23)]
+    task = TASKS["lm"]
+    lines = [task.to_sides(list(range(1, 2 + i % 7))) for i in range(23)]
     if packed:
-        make = lambda share: batching.packed_lm_batches(
-            lines, seq_len=8, batch_size=4, rng=np.random.default_rng(1), share=share
+        make = lambda share: packing.stream_batches(
+            task.sides, lines, seq_len=8, batch_size=4, rng=np.random.default_rng(1), share=share
         )
     else:
-        make = lambda share: batching.lm_batches(
-            lines, bucket_lengths=(8,), batch_size=4, rng=np.random.default_rng(1), share=share
+        make = lambda share: batching.bucketed_batches(
+            task.sides,
+            lines,
+            bucket_lengths=(8,),
+            batch_size=4,
+            rng=np.random.default_rng(1),
+            share=share,
         )
     whole = make(batching.WHOLE_BATCH)
     parts = [make(batching.RowShare(i, 2)) for i in range(2)]

@@ -19,8 +19,10 @@ from flax_transformer import (
 from tests.train_helpers import tiny_config, write_tiny_tsv
 from train import batching, config_lib, input_pipeline, packing, steps
 from train.batching import RowShare
-from train.tasks import drop_target_tokens, get_task
+from train.tasks import TASKS, drop_target_tokens, get_task
 from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+TRANSLATION, LM = TASKS["translation"], TASKS["lm"]
 
 V = 37
 MAX_LEN = 16
@@ -89,13 +91,23 @@ def _key(pair) -> tuple:
     return tuple(pair[0]), tuple(pair[1])
 
 
+def _packed(task, examples, **kwargs):
+    """Segment-packed batches of a task's tokenized examples, in rows of MAX_LEN."""
+    sides = [task.to_sides(example) for example in examples]
+    return packing.segment_batches(task.sides, sides, length=MAX_LEN, **kwargs)
+
+
+def _bucketed(task, examples, **kwargs):
+    """One example per row, in one bucket of MAX_LEN."""
+    sides = [task.to_sides(example) for example in examples]
+    return batching.bucketed_batches(task.sides, sides, bucket_lengths=(MAX_LEN,), **kwargs)
+
+
 @pytest.mark.parametrize("seed", [None, 0, 1])
-def test_packed_translation_batches_hold_every_example_once(seed):
+def test_segment_batches_hold_every_translation_example_once(seed):
     pairs = _pairs()
     rng = None if seed is None else np.random.default_rng(seed)
-    batches = packing.packed_translation_batches(
-        pairs, src_length=MAX_LEN, tgt_length=MAX_LEN, batch_size=4, rng=rng
-    )
+    batches = _packed(TRANSLATION, pairs, batch_size=4, rng=rng)
     for batch in batches:
         assert set(batch) == {"src", "tgt_in", "tgt_out", "src_segment_ids", "tgt_segment_ids"}
         for value in batch.values():
@@ -110,13 +122,7 @@ def test_packed_batches_are_deterministic_given_the_rng_and_differ_between_epoch
     pairs = _pairs()
 
     def epoch(e):
-        return packing.packed_translation_batches(
-            pairs,
-            src_length=MAX_LEN,
-            tgt_length=MAX_LEN,
-            batch_size=4,
-            rng=input_pipeline.epoch_rng(0, e),
-        )
+        return _packed(TRANSLATION, pairs, batch_size=4, rng=input_pipeline.epoch_rng(0, e))
 
     chex.assert_trees_all_equal(epoch(0), epoch(0))
     first, second = epoch(0), epoch(1)
@@ -125,12 +131,8 @@ def test_packed_batches_are_deterministic_given_the_rng_and_differ_between_epoch
 
 def test_drop_remainder_drops_only_the_last_partial_batch():
     pairs = _pairs(num=60)
-    kept = packing.packed_translation_batches(
-        pairs, src_length=MAX_LEN, tgt_length=MAX_LEN, batch_size=4
-    )
-    dropped = packing.packed_translation_batches(
-        pairs, src_length=MAX_LEN, tgt_length=MAX_LEN, batch_size=4, drop_remainder=True
-    )
+    kept = _packed(TRANSLATION, pairs, batch_size=4)
+    dropped = _packed(TRANSLATION, pairs, batch_size=4, drop_remainder=True)
     rows = packing.pack_rows(
         np.asarray([(len(s), len(t) + 1) for s, t in pairs]),
         (MAX_LEN, MAX_LEN),
@@ -143,13 +145,8 @@ def test_drop_remainder_drops_only_the_last_partial_batch():
 
 def test_row_shares_stack_into_the_whole_batch():
     pairs = _pairs()
-    make = lambda share: packing.packed_translation_batches(  # noqa: E731
-        pairs,
-        src_length=MAX_LEN,
-        tgt_length=MAX_LEN,
-        batch_size=4,
-        rng=np.random.default_rng(3),
-        share=share,
+    make = lambda share: _packed(  # noqa: E731
+        TRANSLATION, pairs, batch_size=4, rng=np.random.default_rng(3), share=share
     )
     whole, parts = make(RowShare()), [make(RowShare(i, 2)) for i in range(2)]
     for k, batch in enumerate(whole):
@@ -158,13 +155,7 @@ def test_row_shares_stack_into_the_whole_batch():
 
 
 def test_tokens_per_batch_sets_the_rows():
-    batches = packing.packed_translation_batches(
-        _pairs(),
-        src_length=MAX_LEN,
-        tgt_length=MAX_LEN,
-        tokens_per_batch=100,
-        batch_size_multiple=2,
-    )
+    batches = _packed(TRANSLATION, _pairs(), tokens_per_batch=100, batch_size_multiple=2)
     assert batches[0]["src"].shape == (6, MAX_LEN)  # 100 // 16 = 6, a multiple of 2
 
 
@@ -178,11 +169,9 @@ def test_pack_rows_respects_every_side_and_rejects_an_example_too_long():
         packing.pack_rows(np.asarray([(1, 1), (7, 1)]), (6, 6), np.arange(2))
 
 
-def test_packed_document_batches_hold_every_document_once():
+def test_segment_batches_hold_every_document_once():
     docs = _documents()
-    batches = packing.packed_document_batches(
-        docs, seq_len=MAX_LEN, batch_size=4, rng=np.random.default_rng(0)
-    )
+    batches = _packed(LM, docs, batch_size=4, rng=np.random.default_rng(0))
     got = []
     for batch in batches:
         assert set(batch) == {"inputs", "targets", "segment_ids"}
@@ -225,22 +214,9 @@ def _loss_sums(task, model, params, batches) -> np.ndarray:
 @pytest.mark.parametrize("task_name", ["translation", "lm"])
 def test_packed_loss_equals_the_unpacked_loss(task_name):
     task, model, params = _model_and_params(task_name)
-    if task_name == "translation":
-        examples = _pairs(num=24)
-        packed = packing.packed_translation_batches(
-            examples,
-            src_length=MAX_LEN,
-            tgt_length=MAX_LEN,
-            batch_size=4,
-            rng=np.random.default_rng(0),
-        )
-        alone = batching.translation_batches(examples, bucket_lengths=(MAX_LEN,), batch_size=8)
-    else:
-        examples = _documents(num=24)
-        packed = packing.packed_document_batches(
-            examples, seq_len=MAX_LEN, batch_size=4, rng=np.random.default_rng(0)
-        )
-        alone = batching.lm_batches(examples, bucket_lengths=(MAX_LEN,), batch_size=8)
+    examples = _pairs(num=24) if task_name == "translation" else _documents(num=24)
+    packed = _packed(task, examples, batch_size=4, rng=np.random.default_rng(0))
+    alone = _bucketed(task, examples, batch_size=8)
     assert sum(b[task.model_inputs[0]].shape[0] for b in packed) < len(examples)
     packed_sums = _loss_sums(task, model, params, packed)
     alone_sums = _loss_sums(task, model, params, alone)
@@ -256,9 +232,7 @@ def test_packed_loss_equals_the_unpacked_loss(task_name):
 
 
 def test_word_dropout_keeps_every_segment_bos():
-    batch = packing.packed_translation_batches(
-        _pairs(), src_length=MAX_LEN, tgt_length=MAX_LEN, batch_size=8
-    )[0]
+    batch = _packed(TRANSLATION, _pairs(), batch_size=8)[0]
     dropped = np.asarray(
         drop_target_tokens(
             batch["tgt_in"],
@@ -279,9 +253,7 @@ def test_epoch_stream_resumes_packed_batches_exactly():
     pairs = _pairs(num=60)
 
     def build(rng):
-        return packing.packed_translation_batches(
-            pairs, src_length=MAX_LEN, tgt_length=MAX_LEN, batch_size=4, rng=rng
-        )
+        return _packed(TRANSLATION, pairs, batch_size=4, rng=rng)
 
     straight = input_pipeline.EpochStream(build, seed=7)
     for _ in range(len(build(None)) + 2):  # into the second epoch
@@ -294,20 +266,30 @@ def test_epoch_stream_resumes_packed_batches_exactly():
 
 
 @pytest.mark.parametrize("task_name", ["translation", "lm"])
-def test_task_packs_training_batches_only(task_name):
+def test_segments_packer_packs_training_batches_only(task_name):
     config = default.get_config()
     config.task, config.max_len, config.tokens_per_batch = task_name, MAX_LEN, 64
-    config.bucket_lengths, config.packing = (8, MAX_LEN), "segments"
+    config.bucket_lengths = (8, MAX_LEN)
     task = get_task(task_name)
     examples = _pairs() if task_name == "translation" else _documents()
-    train = task.batches(config, examples, np.random.default_rng(0), num_devices=2)
-    valid = task.batches(config, examples, None, num_devices=2, evaluation=True)
+    sides = [task.to_sides(example) for example in examples]
+    segments, none = packing.get_packer("segments"), packing.get_packer("none")
+    train = segments.batches(config, task.sides, sides, np.random.default_rng(0), num_devices=2)
+    valid = segments.batches(config, task.sides, sides, None, num_devices=2, evaluation=True)
     assert all(b[task.model_inputs[0]].shape == (4, MAX_LEN) for b in train)
     assert any("segment_ids" in key for key in train[0])
     assert not any("segment_ids" in key for b in valid for key in b)
-    config.packing = "none"
-    unpacked = task.batches(config, examples, np.random.default_rng(0), num_devices=2)
+    unpacked = none.batches(config, task.sides, sides, np.random.default_rng(0), num_devices=2)
     assert not any("segment_ids" in key for b in unpacked for key in b)
+    # Validation stays as bucketing builds it, bit for bit.
+    chex.assert_trees_all_equal(valid, none.batches(config, task.sides, sides, None, 2))
+
+
+def test_get_packer_names_the_choices():
+    assert set(packing.PACKERS) == set(config_lib.PACKINGS)
+    assert packing.get_packer("stream") is packing.PACKERS["stream"]
+    with pytest.raises(ValueError, match=r"packing='pack' is not one of \('none', 'segments'"):
+        packing.get_packer("pack")
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,17 @@
 """Token ids -> fixed-shape numpy batches, bucketed by length so `jit` compiles few shapes.
 
-Every batch is a dict of int32 arrays padded with PAD_ID (0):
+An example reaches batching as the token ids of each of its sides (`Task.to_sides`): a
+translation pair has a source side and a target side, a language-model document one side.
+A `Side` names the batch keys it fills: a source fills `src` with its ids as they are; a
+side with labels holds BOS + ids + EOS and fills its input key with all but the last token
+and its labels key with all but the first, so that the labels are the inputs shifted by one:
 - translation: `src` (B, L) the source ids; `tgt_in` (B, L) BOS + target ids (decoder input);
   `tgt_out` (B, L) target ids + EOS (labels). Source and target share the bucket length L.
-- language modelling: `inputs` (B, L) and `targets` (B, L), the document BOS + ids + EOS
-  shifted by one.
-A batch's L is one of a few bucket lengths and its B is fixed per bucket, so the training step
-compiles once per bucket. Rows past the data are all padding (the loss masks them).
+- language modelling: `inputs` (B, L) BOS + ids and `targets` (B, L) ids + EOS.
+Every array is int32, padded with PAD_ID (0). A batch's L is one of a few bucket lengths and
+its B is fixed per bucket, so the training step compiles once per bucket. Rows past the data
+are all padding (the loss masks them). `train.packing` packs rows instead (and holds the
+packer of every `config.packing` value, this bucketing among them).
 
 In a run of several processes each one builds only its `RowShare` of every batch: the plan
 (which examples go into which batch, in which order) is the same in every process, so part p
@@ -21,14 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from train.tokenizer import PAD_ID
 
 # Shortest default bucket: below this, bucketing saves less than it costs in compiles.
 MIN_BUCKET_LENGTH = 8
 ON_TOO_LONG = ("drop", "error")
 
 Batch = dict[str, np.ndarray]
-Pair = tuple[Sequence[int], Sequence[int]]
+# An example's token ids on each of its sides, in the order of the task's `sides`.
+SideTokens = tuple[Sequence[int], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +70,52 @@ class RowShare:
 WHOLE_BATCH = RowShare()
 
 
+@dataclasses.dataclass(frozen=True)
+class Side:
+    """The batch keys that one side of an example fills.
+
+    Attributes:
+        key: the key of the side's tokens: all of them, or all but the last (the decoder's
+            inputs) where the side has labels.
+        labels_key: the key of the labels (the tokens but the first), or None for a side
+            that is only read (a translation source).
+        segment_key: the key of the side's segment ids in a packed batch (`train.packing`).
+    """
+
+    key: str
+    labels_key: str | None
+    segment_key: str
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The side's token keys: its tokens' key, then its labels' key if it has one."""
+        return (self.key,) if self.labels_key is None else (self.key, self.labels_key)
+
+    def slots(self, tokens: Sequence[int]) -> int:
+        """The row slots the side's tokens take: one fewer than the tokens with labels."""
+        return len(tokens) - (self.labels_key is not None)
+
+    def sequences(self, tokens: Sequence[int]) -> dict[str, Sequence[int]]:
+        """What goes into each of the side's token keys."""
+        if self.labels_key is None:
+            return {self.key: tokens}
+        return {self.key: tokens[:-1], self.labels_key: tokens[1:]}
+
+
+def example_slots(sides: Sequence[Side], example: SideTokens) -> int:
+    """The padded length an example needs: the slots of its longest side."""
+    return max(side.slots(tokens) for side, tokens in zip(sides, example, strict=True))
+
+
+def slots_NK(sides: Sequence[Side], examples: Sequence[SideTokens]) -> np.ndarray:
+    """int64 `(N, K)`: the slots each of N examples takes on each of the K sides."""
+    sizes_NK = np.empty((len(examples), len(sides)), np.int64)
+    for k, side in enumerate(sides):
+        lengths_N = np.fromiter((len(x[k]) for x in examples), np.int64, len(examples))
+        sizes_NK[:, k] = lengths_N - (side.labels_key is not None)
+    return sizes_NK
+
+
 def default_bucket_lengths(max_len: int, min_len: int = MIN_BUCKET_LENGTH) -> tuple[int, ...]:
     """Powers of two from `min_len` below `max_len`, then `max_len` itself.
 
@@ -84,18 +136,6 @@ def default_bucket_lengths(max_len: int, min_len: int = MIN_BUCKET_LENGTH) -> tu
     return (*lengths, max_len)
 
 
-def pair_length(pair: Pair) -> int:
-    """Padded length a (src_ids, tgt_ids) pair needs (no BOS/EOS in the ids): the longer of
-    the source and BOS + target."""
-    src, tgt = pair
-    return max(len(src), len(tgt) + 1)
-
-
-def document_length(ids: Sequence[int]) -> int:
-    """Padded length a language-model document needs (no BOS/EOS in the ids): BOS + ids."""
-    return len(ids) + 1
-
-
 def filter_by_length(
     examples: Sequence,
     max_len: int,
@@ -105,9 +145,9 @@ def filter_by_length(
     """Removes examples longer than `max_len`, or raises; never clips.
 
     Args:
-        examples: (src_ids, tgt_ids) pairs or id lists.
+        examples: tokenized examples of a task.
         max_len: longest padded length allowed.
-        length: an example's padded length (`pair_length`, `document_length`).
+        length: an example's padded length (`Task.example_length`).
         on_too_long: "drop" to remove them and report how many, "error" to raise.
 
     Returns:
@@ -131,13 +171,19 @@ def filter_by_length(
     return kept, len(examples) - len(kept)
 
 
-def _batch_sizes(
-    bucket_lengths: Sequence[int],
+def rows_per_batch(
+    lengths: Sequence[int],
     batch_size: int | None,
     tokens_per_batch: int | None,
     batch_size_multiple: int,
 ) -> list[int]:
-    """Rows per batch for each bucket: fixed, or as many as fit tokens_per_batch."""
+    """Rows per batch for batches of each row length: fixed, or as many as fit
+    `tokens_per_batch`, rounded down to a multiple of `batch_size_multiple` and never fewer.
+
+    Raises:
+        ValueError: not exactly one of batch_size and tokens_per_batch, or a batch_size that
+            is not a positive multiple of batch_size_multiple.
+    """
     if (batch_size is None) == (tokens_per_batch is None):
         raise ValueError(
             f"Pass exactly one of batch_size={batch_size} and tokens_per_batch={tokens_per_batch}."
@@ -150,16 +196,24 @@ def _batch_sizes(
                 f"batch_size={batch_size} must be a positive multiple of "
                 f"batch_size_multiple={batch_size_multiple} (e.g. the device count)."
             )
-        return [batch_size] * len(bucket_lengths)
+        return [batch_size] * len(lengths)
     sizes = []
-    for length in bucket_lengths:
+    for length in lengths:
         rows = tokens_per_batch // length // batch_size_multiple * batch_size_multiple
         sizes.append(max(rows, batch_size_multiple))
     return sizes
 
 
+def fill_rows(rows: int, length: int, sequences) -> np.ndarray:
+    """Stacks sequences into a zero-padded (rows, length) int32 array."""
+    out = np.full((rows, length), PAD_ID, dtype=np.int32)
+    for row, sequence in enumerate(sequences):
+        out[row, : len(sequence)] = sequence
+    return out
+
+
 def _plan(lengths, bucket_lengths, batch_sizes, rng, drop_remainder):
-    """Groups example indices into batches: list of (bucket length, index array)."""
+    """Groups example indices into batches: list of (bucket length, rows, index array)."""
     if (
         not bucket_lengths
         or list(bucket_lengths) != sorted(set(bucket_lengths))
@@ -186,16 +240,9 @@ def _plan(lengths, bucket_lengths, batch_sizes, rng, drop_remainder):
     return plan
 
 
-def _fill(rows: int, length: int, sequences) -> np.ndarray:
-    """Stacks sequences into a zero-padded (rows, length) int32 array."""
-    out = np.full((rows, length), PAD_ID, dtype=np.int32)
-    for row, sequence in enumerate(sequences):
-        out[row, : len(sequence)] = sequence
-    return out
-
-
-def translation_batches(
-    pairs: Sequence[Pair],
+def bucketed_batches(
+    sides: Sequence[Side],
+    examples: Sequence[SideTokens],
     *,
     bucket_lengths: Sequence[int],
     batch_size: int | None = None,
@@ -203,14 +250,14 @@ def translation_batches(
     batch_size_multiple: int = 1,
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
     share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
-    """Bucketed, padded batches for an encoder-decoder.
+    """Bucketed, padded batches, one example per row (`config.packing='none'`).
 
     Args:
-        pairs: (src_ids, tgt_ids) without BOS/EOS, each fitting the largest bucket.
+        sides: the task's sides (`Task.sides`).
+        examples: each example's tokens per side (`Task.to_sides`), each fitting the
+            largest bucket (`example_slots`).
         bucket_lengths: increasing lengths L; an example goes to the first that fits it.
         batch_size: rows B per batch for every bucket; or
         tokens_per_batch: B = tokens_per_batch // L per bucket (at least batch_size_multiple).
@@ -218,132 +265,23 @@ def translation_batches(
         rng: shuffles examples and batch order (use `input_pipeline.epoch_rng`); None keeps
             input order with buckets ascending, for evaluation.
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
-        bos_id: prepended to `tgt_in`.
-        eos_id: appended to `tgt_out`.
         share: the rows of each batch to build (this process's part); the plan is the same
             for every share.
 
     Returns:
-        Batches {'src', 'tgt_in', 'tgt_out'}, each int32 (B, L) (B / share.count rows of
-        the share).
+        Batches holding every side's keys, each int32 (B, L) (B / share.count rows of the
+        share).
     """
-    lengths = [pair_length(pair) for pair in pairs]
-    sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
+    lengths = slots_NK(sides, examples).max(axis=1, initial=0)
+    sizes = rows_per_batch(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
     batches = []
     for length, global_rows, members in _plan(lengths, bucket_lengths, sizes, rng, drop_remainder):
         part = share.rows(global_rows)
-        rows = part.stop - part.start
-        chosen = [pairs[i] for i in members[part]]
-        batches.append(
-            {
-                "src": _fill(rows, length, [src for src, _ in chosen]),
-                "tgt_in": _fill(rows, length, [[bos_id, *tgt] for _, tgt in chosen]),
-                "tgt_out": _fill(rows, length, [[*tgt, eos_id] for _, tgt in chosen]),
-            }
-        )
-    return batches
-
-
-def _lm_batch(rows: int, length: int, documents) -> Batch:
-    """inputs/targets for documents already holding BOS ... EOS (length <= length + 1)."""
-    return {
-        "inputs": _fill(rows, length, [doc[:-1] for doc in documents]),
-        "targets": _fill(rows, length, [doc[1:] for doc in documents]),
-    }
-
-
-def lm_batches(
-    sequences: Sequence[Sequence[int]],
-    *,
-    bucket_lengths: Sequence[int],
-    batch_size: int | None = None,
-    tokens_per_batch: int | None = None,
-    batch_size_multiple: int = 1,
-    rng: np.random.Generator | None = None,
-    drop_remainder: bool = False,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
-    share: RowShare = WHOLE_BATCH,
-) -> list[Batch]:
-    """Bucketed, padded language-model batches, one document (e.g. a line) per row.
-
-    Args:
-        sequences: documents' ids without BOS/EOS, each fitting the largest bucket; a
-            document becomes BOS + ids + EOS, so `inputs` starts with BOS and `targets` ends
-            with EOS.
-        bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple, rng,
-        drop_remainder, bos_id, eos_id, share: as in `translation_batches`.
-
-    Returns:
-        Batches {'inputs', 'targets'}, each int32 (B, L) (B / share.count rows of the share).
-    """
-    lengths = [document_length(sequence) for sequence in sequences]
-    sizes = _batch_sizes(bucket_lengths, batch_size, tokens_per_batch, batch_size_multiple)
-    plan = _plan(lengths, bucket_lengths, sizes, rng, drop_remainder)
-    batches = []
-    for length, global_rows, members in plan:
-        part = share.rows(global_rows)
-        documents = [[bos_id, *sequences[i], eos_id] for i in members[part]]
-        batches.append(_lm_batch(part.stop - part.start, length, documents))
-    return batches
-
-
-def packed_lm_batches(
-    sequences: Sequence[Sequence[int]],
-    *,
-    seq_len: int,
-    batch_size: int,
-    rng: np.random.Generator | None = None,
-    drop_remainder: bool = False,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
-    share: RowShare = WHOLE_BATCH,
-) -> list[Batch]:
-    """Concatenates documents into one stream and cuts it into (B, T) windows: no padding
-    except at the very end, so every token trains. Attention crosses document boundaries
-    (as in GPT training); BOS/EOS mark them.
-
-    Args:
-        sequences: documents' ids without BOS/EOS; the stream is BOS + doc + EOS per document.
-        seq_len: T, tokens per row.
-        batch_size: B, rows per batch.
-        rng: shuffles document order before packing and batch order after; None keeps order.
-        drop_remainder: drop the last, partly filled window and batch instead of padding.
-        bos_id: starts each document.
-        eos_id: ends each document.
-        share: the rows of each batch to build (this process's part).
-
-    Returns:
-        Batches {'inputs', 'targets'}, each int32 (B, T) (B / share.count rows of the
-        share); targets are inputs shifted by one within the stream, so window k's last
-        target is window k+1's first input.
-    """
-    if seq_len < 1 or batch_size < 1:
-        raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
-    order = rng.permutation(len(sequences)) if rng is not None else range(len(sequences))
-    pieces = [np.asarray([bos_id, *sequences[i], eos_id], dtype=np.int32) for i in order]
-    stream = np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
-    # Window k covers stream[k*T : k*T + T + 1]: T inputs, and T targets one step later.
-    num_windows = max(len(stream) - 1, 0) // seq_len
-    if not drop_remainder and (len(stream) - 1) % seq_len:
-        num_windows += 1
-    padded = np.full((num_windows * seq_len + 1,), PAD_ID, dtype=np.int32)
-    used = min(len(stream), padded.size)
-    padded[:used] = stream[:used]
-    inputs = padded[:-1].reshape(num_windows, seq_len)
-    targets = padded[1:].reshape(num_windows, seq_len)
-    part = share.rows(batch_size)
-    batches = []
-    for start in range(0, num_windows, batch_size):
-        if num_windows - start < batch_size and drop_remainder:
-            break
-        rows = slice(start + part.start, min(start + part.stop, num_windows))
-        batches.append(
-            {
-                "inputs": _fill(part.stop - part.start, seq_len, inputs[rows]),
-                "targets": _fill(part.stop - part.start, seq_len, targets[rows]),
-            }
-        )
-    if rng is not None:
-        batches = [batches[i] for i in rng.permutation(len(batches))]
+        chosen = [examples[i] for i in members[part]]
+        batch = {}
+        for s, side in enumerate(sides):
+            sequences = [side.sequences(example[s]) for example in chosen]
+            for key in side.keys:
+                batch[key] = fill_rows(part.stop - part.start, length, [x[key] for x in sequences])
+        batches.append(batch)
     return batches

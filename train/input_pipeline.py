@@ -1,9 +1,10 @@
-"""From an experiment config to token batches: corpus, split, tokenizer, batch stream.
+"""From an experiment config to token batches: load -> split -> tokenize -> filter -> batch.
 
-The corpora and splits live in `train.corpora`, the tokenizers in `train.tokenizer`, the
-batching in `train.batching` (through the run's `train.tasks` Task); this module wires them
-together as the config says, so that `train_lib` sees one `Dataset`, checks the ids that
-enter the program, and streams the batches resumably (`EpochStream`).
+The corpora and splits live in `train.corpora`, the tokenizers in `train.tokenizer`, what an
+example is made of in the run's `train.tasks` Task, and how examples become batches in the
+run's `train.packing` packer; this module wires them together as the config says, so that
+`train_lib` sees one `Dataset`, checks the ids that enter the program, and streams the
+batches resumably (`EpochStream`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import ml_collections
 import numpy as np
 
 from flax_transformer.inputs import check_token_range
-from train import batching, corpora
-from train.batching import WHOLE_BATCH, RowShare
+from train import corpora
+from train.batching import WHOLE_BATCH, RowShare, filter_by_length
+from train.packing import Packer, get_packer
 from train.rundir import RunDir
 from train.tasks import Task, get_task
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
@@ -60,6 +62,37 @@ class Dataset:
     fingerprint: dict[str, int | str]
 
 
+@dataclasses.dataclass
+class _Examples:
+    """One stage of the data on its way to batches: each split's examples, texts or ids.
+
+    Attributes:
+        train: the training examples (real ones).
+        copies: (target, target) pairs added to the training examples (translation).
+        valid: the validation examples.
+        valid_texts: the validation examples as text, in step with `valid`.
+        num_test: the test examples, which no run reads but whose count it reports.
+        dropped: examples dropped as longer than max_len.
+    """
+
+    train: list
+    copies: list
+    valid: list
+    valid_texts: list
+    num_test: int
+    dropped: int = 0
+
+    def sizes(self) -> dict[str, int]:
+        """The counts a `Dataset` reports (see there)."""
+        return {
+            "train": len(self.train),
+            "copied": len(self.copies),
+            "valid": len(self.valid),
+            "test": self.num_test,
+            "dropped_too_long": self.dropped,
+        }
+
+
 def load_examples(config: ml_collections.ConfigDict) -> list:
     """The whole corpus the config names: (source, target) pairs or text lines.
 
@@ -83,7 +116,7 @@ def load_examples(config: ml_collections.ConfigDict) -> list:
     return corpora.read_text_lines(config.corpus_path)
 
 
-def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
+def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, int | str]:
     """Sizes and a SHA-256 of the train and validation texts, in order.
 
     The hash covers the examples themselves, not the file they came from, so a corpus edited
@@ -91,7 +124,8 @@ def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
     path or corpus name, and a shipped corpus is covered like a user's file.
 
     Args:
-        train, valid: the splits, (source, target) pairs or text lines.
+        task: the run's task (what an example's texts are).
+        train, valid: the splits' examples, as text.
 
     Returns:
         {'train': count, 'valid': count, 'sha256': hex digest}.
@@ -100,23 +134,16 @@ def data_fingerprint(train: Sequence, valid: Sequence) -> dict[str, int | str]:
     for name, examples in (("train", train), ("valid", valid)):
         digest.update(f"[{name} {len(examples)}]\n".encode())
         for example in examples:
-            fields = example if isinstance(example, tuple) else (example,)
             # Tab and newline cannot occur inside a field of a TSV line or a text line.
-            digest.update(("\t".join(fields) + "\n").encode("utf-8", "surrogatepass"))
+            line = "\t".join(task.fields(example)) + "\n"
+            digest.update(line.encode("utf-8", "surrogatepass"))
     return {"train": len(train), "valid": len(valid), "sha256": digest.hexdigest()}
-
-
-def _texts(examples: Sequence) -> list[str]:
-    """All sentences of the examples: both sides of pairs, or the lines."""
-    if examples and isinstance(examples[0], tuple):
-        return list(itertools.chain.from_iterable(examples))
-    return list(examples)
 
 
 def make_tokenizer(
     config: ml_collections.ConfigDict,
     run: RunDir,
-    train_examples: Sequence | None = None,
+    train_texts: Sequence[str] | None = None,
 ) -> Tokenizer:
     """The config's tokenizer; SentencePiece is trained on the train split on first use and
     cached in the run directory.
@@ -124,7 +151,8 @@ def make_tokenizer(
     Args:
         config: the experiment config (tokenizer, vocab_size).
         run: the run directory, where the SentencePiece model is cached.
-        train_examples: the training split, needed only when the model must be trained.
+        train_texts: every sentence of the training split (`Task.sentences`), needed only
+            when the model must be trained.
 
     Raises:
         FileNotFoundError: SentencePiece model missing and no training text given.
@@ -132,25 +160,11 @@ def make_tokenizer(
     if config.tokenizer == "byte":
         return ByteTokenizer()
     model_path = run.tokenizer_model(config.vocab_size)
-    if train_examples is None:
+    if train_texts is None:
         return SentencePieceTokenizer(model_path)
     if not model_path.exists():
         logging.info("Training SentencePiece (vocab %d) on the train split...", config.vocab_size)
-    return SentencePieceTokenizer.train_or_load(
-        _texts(train_examples), model_path, config.vocab_size
-    )
-
-
-def _encode(tokenizer: Tokenizer, examples: Sequence) -> list:
-    if examples and isinstance(examples[0], tuple):
-        return [(tokenizer.encode(src), tokenizer.encode(tgt)) for src, tgt in examples]
-    return [tokenizer.encode(line) for line in examples]
-
-
-def _flat(examples: Sequence) -> np.ndarray:
-    """All token ids of tokenized examples (pairs or single sequences) as one int array."""
-    sequences = _texts(examples) if examples and isinstance(examples[0], tuple) else examples
-    return np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int64)
+    return SentencePieceTokenizer.train_or_load(list(train_texts), model_path, config.vocab_size)
 
 
 def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
@@ -182,7 +196,7 @@ def build_dataset(
     share: RowShare = WHOLE_BATCH,
     make_tokenizer: Callable = make_tokenizer,
 ) -> Dataset:
-    """Loads, splits, tokenizes and batches the config's corpus.
+    """Loads, splits, tokenizes, filters and batches the config's corpus.
 
     In a run of several processes every process reads and tokenizes the whole corpus (the
     length buckets and the shuffled order need every example's length, and are then the same
@@ -193,8 +207,8 @@ def build_dataset(
         run: the run directory (SentencePiece model cache).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
-        make_tokenizer: (config, run, train examples) -> tokenizer; e.g. one that lets
-            one process train SentencePiece while the others wait for its file.
+        make_tokenizer: (config, run, train texts) -> tokenizer; e.g. one that lets one
+            process train SentencePiece while the others wait for its file.
 
     Returns:
         The Dataset; its batches hold `share`'s rows only.
@@ -202,89 +216,129 @@ def build_dataset(
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
     """
-    task = get_task(config.task)
-    stream = config.packing == "stream"  # lines cut into windows: any length fits
-    if stream and config.batch_size % num_devices:
-        raise ValueError(
-            f"--config.batch_size={config.batch_size} must be a multiple of the {num_devices} "
-            "devices the batch is split over."
-        )
-    if config.batch_size and config.batch_size % share.count:
-        raise ValueError(
-            f"--config.batch_size={config.batch_size} must be a multiple of the {share.count} "
-            "processes the batch is split over."
-        )
-    splits = corpora.split_examples(
-        load_examples(config), config.valid_fraction, config.test_fraction
+    task, packer = get_task(config.task), get_packer(config.packing)
+    packer.check(config, num_devices, share)
+    texts = _split(config, load_examples(config))
+    tokenizer = make_tokenizer(config, run, task.sentences(texts.train))
+    ids = _with_copies(config, _tokenize(task, tokenizer, texts))
+    if packer.whole_examples:
+        ids = _filter(config, task, ids)
+    _warn_if_few(ids.train)
+    build_epoch, eval_batches = _batch(config, task, packer, ids, num_devices, share)
+    return Dataset(
+        task=task,
+        tokenizer=tokenizer,
+        build_epoch=build_epoch,
+        eval_batches=eval_batches,
+        valid_examples=ids.valid_texts,
+        chars_per_token=_chars_per_label(task, packer, ids),
+        sizes=ids.sizes(),
+        fingerprint=data_fingerprint(task, texts.train, texts.valid),
     )
+
+
+def _split(config: ml_collections.ConfigDict, examples: list) -> _Examples:
+    """The corpus's train, validation and test examples, as text.
+
+    Raises:
+        ValueError: the train or the validation split is empty.
+    """
+    splits = corpora.split_examples(examples, config.valid_fraction, config.test_fraction)
     if not splits.train or not splits.valid:
         raise ValueError(
             f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
             f"validation examples; both must be non-empty: use a larger corpus or raise "
             f"--config.valid_fraction={config.valid_fraction}."
         )
-    fingerprint = data_fingerprint(splits.train, splits.valid)
-    tokenizer = make_tokenizer(config, run, splits.train)
-    train_ids = _encode(tokenizer, splits.train)
-    copies = []  # (target, target) pairs, chosen among all training pairs before filtering
-    if config.copied_targets:  # translation only (validate_config)
-        copies = copied_target_pairs(train_ids, config.copied_targets, config.seed)
-    valid_ids = _encode(tokenizer, splits.valid)
-    for name, ids in (("train", train_ids + copies), ("validation", valid_ids)):
-        check_token_range(_flat(ids), tokenizer.vocab_size, f"{name} split token ids")
-    valid_texts = list(splits.valid)
-    dropped = 0
-    if not stream:
-        train_ids, dropped = batching.filter_by_length(
-            train_ids, config.max_len, task.example_length
+    return _Examples(splits.train, [], splits.valid, list(splits.valid), len(splits.test))
+
+
+def _tokenize(task: Task, tokenizer: Tokenizer, texts: _Examples) -> _Examples:
+    """The examples as token ids.
+
+    Raises:
+        ValueError: an id outside the tokenizer's vocabulary.
+    """
+    train = [task.encode(tokenizer, example) for example in texts.train]
+    valid = [task.encode(tokenizer, example) for example in texts.valid]
+    for name, examples in (("train", train), ("validation", valid)):
+        flat = itertools.chain.from_iterable(task.sentences(examples))
+        ids = np.fromiter(flat, dtype=np.int64)
+        check_token_range(ids, tokenizer.vocab_size, f"{name} split token ids")
+    return dataclasses.replace(texts, train=train, valid=valid)
+
+
+def _with_copies(config: ml_collections.ConfigDict, ids: _Examples) -> _Examples:
+    """The examples with the copies of training targets the config asks for, chosen among
+    all training pairs (before filtering, as a resumed run must choose them again)."""
+    if not config.copied_targets:  # translation only (validate_config)
+        return ids
+    copies = copied_target_pairs(ids.train, config.copied_targets, config.seed)
+    return dataclasses.replace(ids, copies=copies)
+
+
+def _filter(config: ml_collections.ConfigDict, task: Task, ids: _Examples) -> _Examples:
+    """The examples that fit max_len, the validation texts kept in step with theirs.
+
+    Raises:
+        ValueError: no training or no validation example fits.
+    """
+    train, dropped = filter_by_length(ids.train, config.max_len, task.example_length)
+    copies, dropped_copies = filter_by_length(ids.copies, config.max_len, task.example_length)
+    fits = [task.example_length(example) <= config.max_len for example in ids.valid]
+    valid = list(itertools.compress(ids.valid, fits))
+    valid_texts = list(itertools.compress(ids.valid_texts, fits))
+    dropped += dropped_copies + fits.count(False)
+    if dropped:
+        logging.warning(
+            "Dropped %d examples longer than max_len=%d tokens.", dropped, config.max_len
         )
-        copies, dropped_copies = batching.filter_by_length(
-            copies, config.max_len, task.example_length
+    if not train or not valid:
+        raise ValueError(
+            f"No train or validation example fits --config.max_len={config.max_len}; raise it."
         )
-        dropped += dropped_copies
-        fits = [task.example_length(ids) <= config.max_len for ids in valid_ids]
-        valid_ids = [ids for ids, keep in zip(valid_ids, fits, strict=True) if keep]
-        valid_texts = [text for text, keep in zip(valid_texts, fits, strict=True) if keep]
-        dropped += fits.count(False)
-        if dropped:
-            logging.warning(
-                "Dropped %d examples longer than max_len=%d tokens.", dropped, config.max_len
-            )
-        if not train_ids or not valid_ids:
-            raise ValueError(
-                f"No train or validation example fits --config.max_len={config.max_len}; raise it."
-            )
-    if len(train_ids) < MIN_TRAIN_EXAMPLES:
+    return _Examples(train, copies, valid, valid_texts, ids.num_test, dropped)
+
+
+def _warn_if_few(train: list) -> None:
+    if len(train) < MIN_TRAIN_EXAMPLES:
         logging.warning(
             "Only %d training examples (fewer than %d): too few to train a model that "
             "generalises; use a larger corpus for meaningful results.",
-            len(train_ids),
+            len(train),
             MIN_TRAIN_EXAMPLES,
         )
-    eval_batches = task.batches(config, valid_ids, None, num_devices, share, evaluation=True)
+
+
+def _batch(
+    config: ml_collections.ConfigDict,
+    task: Task,
+    packer: Packer,
+    ids: _Examples,
+    num_devices: int,
+    share: RowShare,
+) -> tuple[Callable[[np.random.Generator], list], list]:
+    """(rng -> one epoch's training batches, the validation batches)."""
+    train = [task.to_sides(example) for example in ids.train + ids.copies]
+    valid = [task.to_sides(example) for example in ids.valid]
+    eval_batches = packer.batches(
+        config, task.sides, valid, None, num_devices, share, evaluation=True
+    )
     if config.num_eval_batches:
         eval_batches = eval_batches[: config.num_eval_batches]
-    target_ids, target_texts = task.targets(valid_ids), task.targets(valid_texts)
-    # Target tokens per example: + EOS; packed streams also predict the next line's BOS.
-    extra_targets = 2 if stream else 1
-    num_tokens = sum(len(ids) + extra_targets for ids in target_ids)
-    num_chars = sum(len(text) + 1 for text in target_texts)  # + line break
-    return Dataset(
-        task=task,
-        tokenizer=tokenizer,
-        build_epoch=lambda rng: task.batches(config, train_ids + copies, rng, num_devices, share),
-        eval_batches=eval_batches,
-        valid_examples=valid_texts,
-        chars_per_token=num_chars / num_tokens,
-        sizes={
-            "train": len(train_ids),
-            "copied": len(copies),
-            "valid": len(valid_ids),
-            "test": len(splits.test),
-            "dropped_too_long": dropped,
-        },
-        fingerprint=fingerprint,
-    )
+
+    def build_epoch(rng: np.random.Generator) -> list:
+        return packer.batches(config, task.sides, train, rng, num_devices, share)
+
+    return build_epoch, eval_batches
+
+
+def _chars_per_label(task: Task, packer: Packer, ids: _Examples) -> float:
+    """Validation characters (with a line break each) per label: the target ids of each
+    example and the labels the packer adds to them (EOS, and in a stream the next BOS)."""
+    num_labels = sum(len(t) + packer.extra_labels for t in task.targets(ids.valid))
+    num_chars = sum(len(t) + 1 for t in task.targets(ids.valid_texts))
+    return num_chars / num_labels
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:

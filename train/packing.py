@@ -1,19 +1,26 @@
-"""Packed batches: several whole examples per row, told apart by segment ids.
+"""The packers, one per `config.packing` value, and the packed batches they build.
 
-Bucketing (`train.batching`) pads every example to its bucket's length; on the KJV -> WEB
-corpus a quarter of the tokens a step processes are padding. Packing lays examples end to
-end in rows of a fixed length instead, and the models keep them apart: int segment ids
-`(B, L)` number the examples of a row 1, 2, ... (0 at padding), attention stays within a
-segment (self- and cross-attention), and positions restart at 0 in each segment
+- 'none' (`Bucketing`): one example per row, rows bucketed by length (`train.batching`).
+- 'segments' (`Segments`): several whole examples per row, told apart by segment ids.
+- 'stream' (`Stream`, one-sided tasks: the language model): the examples laid end to end
+  in one token stream, cut into windows; attention crosses their boundaries.
+`get_packer(config.packing)` finds the run's packer; each builds batches for any task from
+the task's sides (`Task.sides`) and its examples' tokens on each side (`Task.to_sides`).
+
+Bucketing pads every example to its bucket's length; on the KJV -> WEB corpus a quarter of
+the tokens a step processes are padding. Packing in segments lays examples end to end in rows
+of a fixed length instead, and the models keep them apart: int segment ids `(B, L)` number
+the examples of a row 1, 2, ... (0 at padding), attention stays within a segment (self- and
+cross-attention), and positions restart at 0 in each segment
 (`flax_transformer.functional.segment_positions`, computed by the models). Each example
 therefore gets the logits and loss it would get alone in a row; its labels are shifted
 within its own segment, so no token is trained to predict the next example's first one.
 
-Every batch is a dict of int32 arrays padded with PAD_ID (0):
-- translation: `src`, `src_segment_ids` (B, S); `tgt_in` (BOS + target ids), `tgt_out`
-  (target ids + EOS), `tgt_segment_ids` (B, T). An example's source and target have the
-  same segment id.
-- language modelling: `inputs` (BOS + ids), `targets` (ids + EOS), `segment_ids` (B, L).
+A packed batch holds every side's token keys (as in `train.batching`) and, per side, its
+segment ids (B, L) int32:
+- translation: `src`, `tgt_in` (BOS + target ids), `tgt_out` (target ids + EOS), then
+  `src_segment_ids` and `tgt_segment_ids`; an example's source and target have the same id.
+- language modelling: `inputs` (BOS + ids), `targets` (ids + EOS), `segment_ids`.
 All batches have one shape, so the training step compiles once.
 
 Rows are filled by first-fit decreasing (longest example first, each into the first row
@@ -27,12 +34,24 @@ draw whatever their lengths.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+import ml_collections
 import numpy as np
 
-from train.batching import WHOLE_BATCH, Batch, Pair, RowShare, _batch_sizes
-from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from train.batching import (
+    WHOLE_BATCH,
+    Batch,
+    RowShare,
+    Side,
+    SideTokens,
+    bucketed_batches,
+    default_bucket_lengths,
+    fill_rows,
+    rows_per_batch,
+    slots_NK,
+)
+from train.tokenizer import PAD_ID
 
 # Examples packed together. First-fit decreasing compares each example with every row of
 # its window, so the cost grows with the window; 4096 loses < 0.1% fill against packing the
@@ -99,19 +118,19 @@ def pack_rows(
     return rows
 
 
-def _fill_packed(rows: int, length: int, members, sequence: Callable[[int], Sequence[int]]):
-    """`(rows, length)` tokens and segment ids of rows holding the `members` examples (each
-    row at least one), laid out with one scatter rather than a slice per example."""
+def _fill_packed(rows: int, length: int, per_row: Sequence[Sequence[Sequence[int]]]):
+    """`(rows, length)` tokens and segment ids of rows holding the `per_row` sequences (each
+    row at least one), laid out with one scatter rather than a slice per sequence."""
     tokens = np.full((rows, length), PAD_ID, dtype=np.int32)
     segments = np.zeros((rows, length), dtype=np.int32)
-    ids = [sequence(index) for row in members for index in row]
+    ids = [sequence for row in per_row for sequence in row]
     if not ids:
         return tokens, segments
     lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    per_row = np.fromiter(map(len, members), np.int64, len(members))
+    counts = np.fromiter(map(len, per_row), np.int64, len(per_row))
     example_start = np.cumsum(lengths) - lengths  # in the concatenation of all examples
-    first_example = np.cumsum(per_row) - per_row  # of each row
-    example_row = np.repeat(np.arange(len(members)), per_row)
+    first_example = np.cumsum(counts) - counts  # of each row
+    example_row = np.repeat(np.arange(len(per_row)), counts)
     example_segment = np.arange(len(ids)) - first_example[example_row] + 1
     token_example = np.repeat(np.arange(len(ids)), lengths)
     token_row = example_row[token_example]
@@ -146,106 +165,266 @@ def _plan(
     return plan
 
 
-def packed_translation_batches(
-    pairs: Sequence[Pair],
+def segment_batches(
+    sides: Sequence[Side],
+    examples: Sequence[SideTokens],
     *,
-    src_length: int,
-    tgt_length: int,
+    length: int,
     batch_size: int | None = None,
     tokens_per_batch: int | None = None,
     batch_size_multiple: int = 1,
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
     share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
-    """Packed batches for an encoder-decoder: rows of `src_length` source and `tgt_length`
-    target slots, each holding whole examples.
+    """Packed batches: rows of `length` slots on every side, each holding whole examples
+    (`config.packing='segments'`).
 
     Args:
-        pairs: (src_ids, tgt_ids) without BOS/EOS; an example takes len(src) source slots
-            and len(tgt) + 1 target slots (BOS + target in `tgt_in`, target + EOS in
-            `tgt_out`), and must fit a row.
-        src_length, tgt_length: S and T, the slots of a row (at most the model's max_len).
+        sides: the task's sides (`Task.sides`).
+        examples: each example's tokens per side (`Task.to_sides`); an example takes
+            `Side.slots` slots on each side, and must fit a row.
+        length: L, the slots of a row on each side (at most the model's max_len).
         batch_size: rows B per batch; or
-        tokens_per_batch: B = tokens_per_batch // max(S, T) (at least batch_size_multiple).
+        tokens_per_batch: B = tokens_per_batch // L (at least batch_size_multiple).
         batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
         rng: shuffles the examples before packing and the rows after (use
             `input_pipeline.epoch_rng`); None keeps input order.
         drop_remainder: drop the last, partly filled batch instead of padding it with empty
             rows (its examples are then not seen this epoch).
-        bos_id, eos_id: start `tgt_in` and end `tgt_out` of each segment.
         share: the rows of each batch to build (this process's part); the plan is the same
             for every share.
 
     Returns:
-        Batches {'src', 'src_segment_ids'} int32 (B, S) and {'tgt_in', 'tgt_out',
-        'tgt_segment_ids'} int32 (B, T) (B / share.count rows of the share); every example
-        is in exactly one batch unless drop_remainder drops the last.
+        Batches of every side's token keys and then its segment ids, each int32 (B, L)
+        (B / share.count rows of the share); every example is in exactly one batch unless
+        drop_remainder drops the last.
     """
-    (rows,) = _batch_sizes(
-        [max(src_length, tgt_length)], batch_size, tokens_per_batch, batch_size_multiple
-    )
-    sizes_NK = np.asarray([(len(src), len(tgt) + 1) for src, tgt in pairs], np.int64)
-    sizes_NK = sizes_NK.reshape(len(pairs), 2)
-    plan = _plan(sizes_NK, (src_length, tgt_length), rows, rng, drop_remainder, share)
+    (rows,) = rows_per_batch([length], batch_size, tokens_per_batch, batch_size_multiple)
+    sizes_NK = slots_NK(sides, examples)
+    plan = _plan(sizes_NK, (length,) * len(sides), rows, rng, drop_remainder, share)
     part = share.rows(rows)
     rows = part.stop - part.start
     batches = []
     for members in plan:
-        src, src_segments = _fill_packed(rows, src_length, members, lambda i: pairs[i][0])
-        tgt_in, tgt_segments = _fill_packed(
-            rows, tgt_length, members, lambda i: [bos_id, *pairs[i][1]]
-        )
-        tgt_out, _ = _fill_packed(rows, tgt_length, members, lambda i: [*pairs[i][1], eos_id])
-        batches.append(
-            {
-                "src": src,
-                "tgt_in": tgt_in,
-                "tgt_out": tgt_out,
-                "src_segment_ids": src_segments,
-                "tgt_segment_ids": tgt_segments,
-            }
-        )
+        tokens, segments = {}, {}
+        for s, side in enumerate(sides):
+            per_row = [[side.sequences(examples[i][s]) for i in row] for row in members]
+            for key in side.keys:
+                tokens[key], segments[side.segment_key] = _fill_packed(
+                    rows, length, [[x[key] for x in row] for row in per_row]
+                )
+        batches.append({**tokens, **segments})
     return batches
 
 
-def packed_document_batches(
-    sequences: Sequence[Sequence[int]],
+def stream_batches(
+    sides: Sequence[Side],
+    examples: Sequence[SideTokens],
     *,
     seq_len: int,
-    batch_size: int | None = None,
-    tokens_per_batch: int | None = None,
-    batch_size_multiple: int = 1,
+    batch_size: int,
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
-    bos_id: int = BOS_ID,
-    eos_id: int = EOS_ID,
     share: RowShare = WHOLE_BATCH,
 ) -> list[Batch]:
-    """Packed language-model batches: whole documents in rows of `seq_len` slots, attention
-    kept within each (unlike `batching.packed_lm_batches`, which cuts one stream).
+    """Concatenates the examples into one stream and cuts it into (B, T) windows: no padding
+    except at the very end, so every token trains (`config.packing='stream'`). Attention
+    crosses example boundaries (as in GPT training); BOS/EOS mark them.
 
     Args:
-        sequences: documents' ids without BOS/EOS; a document takes len(ids) + 1 slots
-            (`inputs` BOS + ids, `targets` ids + EOS) and must fit a row.
-        seq_len: L, the slots of a row (at most the model's max_len).
-        batch_size, tokens_per_batch, batch_size_multiple, rng, drop_remainder, bos_id,
-        eos_id, share: as in `packed_translation_batches` (B = tokens_per_batch // L).
+        sides: the task's one side, with labels (a language model's document).
+        examples: each example's tokens (BOS + ids + EOS), as one-side `Task.to_sides`.
+        seq_len: T, tokens per row.
+        batch_size: B, rows per batch.
+        rng: shuffles example order before packing and batch order after; None keeps order.
+        drop_remainder: drop the last, partly filled window and batch instead of padding.
+        share: the rows of each batch to build (this process's part).
 
     Returns:
-        Batches {'inputs', 'targets', 'segment_ids'}, each int32 (B, L) (B / share.count rows
-        of the share).
+        Batches of the side's two keys (`inputs`, `targets`), each int32 (B, T)
+        (B / share.count rows of the share); targets are inputs shifted by one within the
+        stream, so window k's last target is window k+1's first input.
+
+    Raises:
+        ValueError: a non-positive seq_len or batch_size, or sides other than one with labels.
     """
-    (rows,) = _batch_sizes([seq_len], batch_size, tokens_per_batch, batch_size_multiple)
-    sizes_NK = np.asarray([len(ids) + 1 for ids in sequences], np.int64)[:, None]
-    plan = _plan(sizes_NK, (seq_len,), rows, rng, drop_remainder, share)
-    part = share.rows(rows)
-    rows = part.stop - part.start
+    if len(sides) != 1 or sides[0].labels_key is None:
+        raise ValueError(
+            f"A stream is cut from one side with labels, not {sides}; pack with "
+            "packing='segments' or 'none'."
+        )
+    if seq_len < 1 or batch_size < 1:
+        raise ValueError(f"seq_len={seq_len} and batch_size={batch_size} must be positive.")
+    order = rng.permutation(len(examples)) if rng is not None else range(len(examples))
+    pieces = [np.asarray(examples[i][0], dtype=np.int32) for i in order]
+    stream = np.concatenate(pieces) if pieces else np.zeros((0,), np.int32)
+    # Window k covers stream[k*T : k*T + T + 1]: T inputs, and T targets one step later.
+    num_windows = max(len(stream) - 1, 0) // seq_len
+    if not drop_remainder and (len(stream) - 1) % seq_len:
+        num_windows += 1
+    padded = np.full((num_windows * seq_len + 1,), PAD_ID, dtype=np.int32)
+    used = min(len(stream), padded.size)
+    padded[:used] = stream[:used]
+    windows = sides[0].sequences(padded)
+    windows = {key: value.reshape(num_windows, seq_len) for key, value in windows.items()}
+    part = share.rows(batch_size)
     batches = []
-    for members in plan:
-        inputs, segments = _fill_packed(rows, seq_len, members, lambda i: [bos_id, *sequences[i]])
-        targets, _ = _fill_packed(rows, seq_len, members, lambda i: [*sequences[i], eos_id])
-        batches.append({"inputs": inputs, "targets": targets, "segment_ids": segments})
+    for start in range(0, num_windows, batch_size):
+        if num_windows - start < batch_size and drop_remainder:
+            break
+        rows = slice(start + part.start, min(start + part.stop, num_windows))
+        batches.append(
+            {
+                key: fill_rows(part.stop - part.start, seq_len, value[rows])
+                for key, value in windows.items()
+            }
+        )
+    if rng is not None:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
+
+
+class Packer:
+    """How the examples of a task become batches for one `config.packing` value.
+
+    Attributes:
+        name: the `config.packing` value.
+        whole_examples: whether a row holds whole examples, so that those longer than
+            `max_len` must be dropped first (a stream cuts examples of any length).
+        extra_labels: labels per example besides its target ids: its EOS, and in a stream
+            the next example's BOS too (to count validation characters per label).
+    """
+
+    name: str
+    whole_examples: bool = True
+    extra_labels: int = 1
+
+    def check(self, config: ml_collections.ConfigDict, num_devices: int, share: RowShare):
+        """Raises ValueError, before any data is read, for rows that cannot be split over
+        the `num_devices` devices or `share.count` processes."""
+        if config.batch_size and config.batch_size % share.count:
+            raise ValueError(
+                f"--config.batch_size={config.batch_size} must be a multiple of the "
+                f"{share.count} processes the batch is split over."
+            )
+
+    def batches(
+        self,
+        config: ml_collections.ConfigDict,
+        sides: Sequence[Side],
+        examples: Sequence[SideTokens],
+        rng: np.random.Generator | None,
+        num_devices: int,
+        share: RowShare = WHOLE_BATCH,
+        *,
+        evaluation: bool = False,
+    ) -> list[Batch]:
+        """Batches of the examples as the config says; only `share`'s rows are built.
+
+        Args:
+            config: the experiment config (max_len, bucket_lengths, batch_size,
+                tokens_per_batch).
+            sides, examples: the task's sides and each example's tokens on them.
+            rng: the epoch's generator (`input_pipeline.epoch_rng`); None keeps input order.
+            num_devices: every batch's row count is a multiple of it.
+            share: this process's rows of every batch.
+            evaluation: validation batches (fixed order) rather than training ones.
+        """
+        raise NotImplementedError
+
+
+class Bucketing(Packer):
+    """'none': one example per row, rows bucketed by length (`batching.bucketed_batches`)."""
+
+    name = "none"
+
+    def batches(
+        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+    ):
+        del evaluation  # the same batches either way
+        return bucketed_batches(
+            sides,
+            examples,
+            bucket_lengths=tuple(config.bucket_lengths) or default_bucket_lengths(config.max_len),
+            rng=rng,
+            share=share,
+            **_rows(config, num_devices),
+        )
+
+
+class Segments(Packer):
+    """'segments': whole examples packed into rows of max_len (`segment_batches`).
+
+    Validation batches stay one example per row, so their loss is the unpacked one by
+    construction (packing gives the same per example).
+    """
+
+    name = "segments"
+
+    def batches(
+        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+    ):
+        if evaluation:
+            return PACKERS["none"].batches(config, sides, examples, rng, num_devices, share)
+        return segment_batches(
+            sides,
+            examples,
+            length=config.max_len,
+            rng=rng,
+            share=share,
+            **_rows(config, num_devices),
+        )
+
+
+class Stream(Packer):
+    """'stream': examples concatenated and cut into max_len windows (`stream_batches`),
+    validation too (its examples need not fit max_len)."""
+
+    name = "stream"
+    whole_examples = False
+    extra_labels = 2
+
+    def check(self, config, num_devices, share):
+        if config.batch_size % num_devices:
+            raise ValueError(
+                f"--config.batch_size={config.batch_size} must be a multiple of the "
+                f"{num_devices} devices the batch is split over."
+            )
+        super().check(config, num_devices, share)
+
+    def batches(
+        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+    ):
+        del num_devices, evaluation  # check() saw to the devices; validation streams too
+        return stream_batches(
+            sides,
+            examples,
+            seq_len=config.max_len,
+            batch_size=config.batch_size,
+            rng=rng,
+            share=share,
+        )
+
+
+def _rows(config: ml_collections.ConfigDict, num_devices: int) -> dict:
+    """The row-count arguments of bucketed and segment batches, as the config sets them."""
+    return dict(
+        batch_size=config.batch_size or None,
+        tokens_per_batch=config.tokens_per_batch or None,
+        batch_size_multiple=num_devices,
+    )
+
+
+PACKERS: dict[str, Packer] = {p.name: p for p in (Bucketing(), Segments(), Stream())}
+
+
+def get_packer(name: str) -> Packer:
+    """The packer of a `config.packing` value.
+
+    Raises:
+        ValueError: no packer has that name (names the choices).
+    """
+    if name not in PACKERS:
+        raise ValueError(f"packing={name!r} is not one of {tuple(PACKERS)}.")
+    return PACKERS[name]

@@ -1,14 +1,16 @@
 """What differs between translation and language modelling, in one class each.
 
-A task owns the model it trains, the inputs that initialise it, the logits and labels of a
-batch, how its examples become batches, and what a run decodes and reports at the end. The
-rest of `train/` asks `get_task(config.task)` and never branches on a task's name: adding a
-task means adding one class to `TASKS`.
+A task owns what its examples are made of (a (source, target) pair of sentences, or one
+line), the sides they fill in a batch, the model it trains, the inputs that initialise it,
+the logits and labels of a batch, and what a run decodes and reports at the end. The rest of
+`train/` asks `get_task(config.task)` and never branches on a task's name or on the shape of
+its examples: adding a task means adding one class to `TASKS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import jax
@@ -23,19 +25,15 @@ from flax_transformer import (
     TransformerConfig,
     segment_positions,
 )
-from train import batching, decoding, distributed, packing
-from train.batching import WHOLE_BATCH, RowShare
+from train import decoding, distributed
+from train.batching import Side, SideTokens, example_slots
 from train.decoding import DecodeOptions, sample_text
+from train.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
 
 Batch = dict[str, np.ndarray]
-
-
-def bucket_lengths(config: ml_collections.ConfigDict) -> tuple[int, ...]:
-    """The config's bucket lengths, or the default ones up to max_len."""
-    return tuple(config.bucket_lengths) or batching.default_bucket_lengths(config.max_len)
 
 
 def drop_target_tokens(
@@ -83,6 +81,8 @@ class Task:
         hf_fields: how many fields of a Hugging Face row make one example.
         own_fields: config fields that apply to this task only (0 / False for the others).
         packings: the `config.packing` values this task batches with.
+        sides: what each side of an example fills in a batch (`batching.Side`), in the
+            order of `to_sides`.
         model_inputs: the batch keys fed to the model (the tokens a step processes).
         tool: the command-line program that decodes a trained model of this task.
         models: what such models are called, for messages ("translation models").
@@ -94,6 +94,7 @@ class Task:
     hf_fields: int
     own_fields: tuple[str, ...]
     packings: tuple[str, ...]
+    sides: tuple[Side, ...]
     model_inputs: tuple[str, ...]
     tool: str
     models: str
@@ -116,31 +117,31 @@ class Task:
         """
         raise NotImplementedError
 
-    def example_length(self, example) -> int:
-        """The padded length a tokenized example needs (see `batching`)."""
+    def fields(self, example) -> tuple:
+        """The sentences (texts, or their token ids) an example is made of, in file order."""
         raise NotImplementedError
 
-    def batches(
-        self,
-        config: ml_collections.ConfigDict,
-        examples: Sequence,
-        rng: np.random.Generator | None,
-        num_devices: int,
-        share: RowShare = WHOLE_BATCH,
-        *,
-        evaluation: bool = False,
-    ) -> list[Batch]:
-        """Batches of tokenized examples as the config says; only `share`'s rows are built.
+    def encode(self, tokenizer: Tokenizer, example):
+        """The example with each sentence replaced by its token ids."""
+        raise NotImplementedError
 
-        `config.packing='segments'` packs training batches only: validation batches
-        (`evaluation`) stay one example per row, so their loss is the unpacked one by
-        construction (packing would give the same per example, `train.packing`).
-        """
+    def to_sides(self, example) -> SideTokens:
+        """A tokenized example's ids on each of `sides`, with BOS and EOS around a side that
+        has labels."""
         raise NotImplementedError
 
     def targets(self, examples: Sequence) -> list:
         """The target side of each example (ids or text): what the model is scored on."""
         raise NotImplementedError
+
+    def sentences(self, examples: Iterable) -> list:
+        """Every sentence (text or ids) of the examples, example by example: to train a
+        tokenizer on, or to check the ids of."""
+        return list(itertools.chain.from_iterable(map(self.fields, examples)))
+
+    def example_length(self, example) -> int:
+        """The padded length a tokenized example needs: its longest side's slots."""
+        return example_slots(self.sides, self.to_sides(example))
 
     def tokens_in(self, batch: Batch) -> int:
         """Non-padding tokens fed to the model by a numpy batch."""
@@ -176,6 +177,10 @@ class TranslationTask(Task):
     hf_fields = 2
     own_fields = ("copied_targets", "target_token_dropout")
     packings = ("none", "segments")
+    sides = (
+        Side("src", None, segment_key="src_segment_ids"),
+        Side("tgt_in", "tgt_out", segment_key="tgt_segment_ids"),
+    )
     model_inputs = ("src", "tgt_in")
     tool = "train.translate"
     models = "translation models"
@@ -199,22 +204,17 @@ class TranslationTask(Task):
         )
         return logits, batch["tgt_out"]
 
-    def example_length(self, example):
-        return batching.pair_length(example)
+    def fields(self, example):
+        source, target = example
+        return source, target
 
-    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
-        if config.packing == "segments" and not evaluation:
-            return packing.packed_translation_batches(
-                examples,
-                src_length=config.max_len,
-                tgt_length=config.max_len,
-                rng=rng,
-                share=share,
-                **_rows(config, num_devices),
-            )
-        return batching.translation_batches(
-            examples, rng=rng, share=share, **_bucketing(config, num_devices)
-        )
+    def encode(self, tokenizer, example):
+        source, target = example
+        return tokenizer.encode(source), tokenizer.encode(target)
+
+    def to_sides(self, example):
+        source, target = example
+        return source, [BOS_ID, *target, EOS_ID]
 
     def targets(self, examples):
         return [target for _, target in examples]
@@ -287,6 +287,7 @@ class LanguageModelTask(Task):
     hf_fields = 1
     own_fields = ()
     packings = ("none", "segments", "stream")
+    sides = (Side("inputs", "targets", segment_key="segment_ids"),)
     model_inputs = ("inputs",)
     tool = "train.sample"
     models = "language models"
@@ -308,21 +309,14 @@ class LanguageModelTask(Task):
         )
         return logits, batch["targets"]
 
-    def example_length(self, example):
-        return batching.document_length(example)
+    def fields(self, example):
+        return (example,)
 
-    def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
-        if config.packing == "stream":  # validation too: its lines need not fit max_len
-            return batching.packed_lm_batches(
-                examples, seq_len=config.max_len, batch_size=config.batch_size, rng=rng, share=share
-            )
-        if config.packing == "segments" and not evaluation:
-            return packing.packed_document_batches(
-                examples, seq_len=config.max_len, rng=rng, share=share, **_rows(config, num_devices)
-            )
-        return batching.lm_batches(
-            examples, rng=rng, share=share, **_bucketing(config, num_devices)
-        )
+    def encode(self, tokenizer, example):
+        return tokenizer.encode(example)
+
+    def to_sides(self, example):
+        return ([BOS_ID, *example, EOS_ID],)
 
     def targets(self, examples):
         return list(examples)
@@ -337,20 +331,6 @@ class LanguageModelTask(Task):
         return {
             "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
         }
-
-
-def _bucketing(config: ml_collections.ConfigDict, num_devices: int) -> dict:
-    """The bucketed batchers' shape arguments, as the config sets them."""
-    return dict(bucket_lengths=bucket_lengths(config), **_rows(config, num_devices))
-
-
-def _rows(config: ml_collections.ConfigDict, num_devices: int) -> dict:
-    """The packed batchers' row-count arguments: padded tokens per batch as when bucketed."""
-    return dict(
-        batch_size=config.batch_size or None,
-        tokens_per_batch=config.tokens_per_batch or None,
-        batch_size_multiple=num_devices,
-    )
 
 
 TASKS: dict[str, Task] = {task.name: task for task in (TranslationTask(), LanguageModelTask())}

@@ -53,11 +53,11 @@ def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: b
         atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
-def _shared_tokenizer(config, run, train_examples):
+def _shared_tokenizer(config, run, train_texts):
     """The config's tokenizer, trained (SentencePiece) by process 0 only: the others wait
     for its file in the (shared) work directory and read it, so all use the same one."""
     if distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(config, run, train_examples)
+        tokenizer = input_pipeline.make_tokenizer(config, run, train_texts)
     distributed.barrier("tokenizer")
     if not distributed.is_primary():
         tokenizer = input_pipeline.make_tokenizer(config, run)

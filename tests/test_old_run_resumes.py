@@ -1,0 +1,134 @@
+"""A run directory written by an earlier version of the program still resumes.
+
+`tests/data/old_runs/<kind>/` are run directories that the code of commit 2914836 wrote
+(before the data path was rewritten): `write_run(kind, directory, kill_at=6)` below, run in
+a checkout of that commit, trained 6 of 8 steps and died after the checkpoint of step 4.
+They are kept as written but for orbax's `commit_success.txt` markers, which name the
+directory they were written in and which a restore from a local disk does not read.
+
+Resuming one must pass the identity and data checks, restore the checkpoint and the
+data-stream position, and end where a run of today's code that never stopped ends: so the
+old code's batches of steps 1-4 are today's, and today's steps 5-8 (crossing into the next
+epoch) continue the old stream where it stopped.
+"""
+
+import logging
+import os
+import pathlib
+import shutil
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
+
+from train import checkpoint, metrics, train_lib
+from train.rundir import RunDir
+
+OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"
+# Each kind of old run and the corpus it read (relative to its current directory).
+CORPUS_WRITERS = {"translation-segments": write_tiny_tsv, "lm-stream": write_tiny_text}
+NUM_STEPS = 8
+# The old runs' parameters may come from another machine's XLA build, whose float sums can be
+# ordered differently; a batch other than the old one moves every parameter by about the
+# learning rate (3e-3) in one Adam step, orders of magnitude more than this.
+ACROSS_MACHINES = dict(rtol=1e-5, atol=1e-7)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning"
+)
+
+
+class _Killed(Exception):
+    pass
+
+
+def _config(kind: str):
+    """The old runs' config. The corpus path is relative (the run's current directory), so
+    config.json, which must match on resume, names the same file wherever the test runs."""
+    tiny = dict(
+        num_train_steps=NUM_STEPS,
+        bleu_examples=0,
+        batch_size=48,  # an epoch of a few batches: steps 5-8 cross into the next one
+        **{"model.d_model": 8, "model.d_ff": 16, "model.num_heads": 2},
+    )
+    if kind == "translation-segments":
+        return tiny_config(
+            pathlib.Path("pairs.tsv"), packing="segments", copied_targets=0.5, **tiny
+        )
+    return tiny_config(
+        pathlib.Path("lines.txt"),
+        task="lm",
+        corpus="text",
+        packing="stream",
+        sample_prompts=("In",),  # the default prompt has no room for new tokens in max_len
+        **tiny,
+    )
+
+
+def write_run(kind: str, directory: pathlib.Path, kill_at: int | None = None) -> pathlib.Path:
+    """Writes the corpus into `directory` and trains `kind` in `directory/run` from there,
+    stopping after step `kill_at` (None: to the end)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    CORPUS_WRITERS[kind](directory)
+
+    def die(step):
+        if step == kill_at:
+            raise _Killed(step)
+
+    cwd = os.getcwd()
+    os.chdir(directory)
+    try:
+        train_lib.train_and_evaluate(_config(kind), "run", step_callback=die)
+    except _Killed:
+        pass
+    finally:
+        os.chdir(cwd)
+    return directory / "run"
+
+
+def _saved(workdir: pathlib.Path, step: int) -> tuple:
+    """(train state as numpy arrays, progress dict) of checkpoint `step`."""
+    with ocp.StandardCheckpointer() as raw:
+        state = raw.restore(RunDir(workdir).checkpoints / str(step) / "state")
+    checkpointer = checkpoint.Checkpointer(workdir, read_only=True)
+    try:
+        return checkpointer.restore(state, step)
+    finally:
+        checkpointer.close()
+
+
+def _assert_states_close(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), **ACROSS_MACHINES)
+
+
+@pytest.mark.slow  # two short runs per kind: ~30 s each on 2 cores
+@pytest.mark.parametrize("kind", CORPUS_WRITERS)
+def test_an_old_run_directory_resumes_where_it_stopped(kind, tmp_path, monkeypatch, caplog):
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copytree(OLD_RUNS / kind, old / "run")
+    CORPUS_WRITERS[kind](old)
+    monkeypatch.chdir(old)
+    steps = []
+    with caplog.at_level(logging.INFO):
+        train_lib.train_and_evaluate(_config(kind), "run", step_callback=steps.append)
+    assert steps == [5, 6, 7, 8]  # resumed after the old checkpoint, not started over
+    assert "Resumed from checkpoint step 4." in caplog.text
+
+    # The old run's records up to its checkpoint kept, those of its lost steps 5-6 replaced.
+    kept = [r for r in metrics.read_metrics(RunDir(OLD_RUNS / kind).metrics) if r["step"] <= 4]
+    records = metrics.read_metrics(RunDir(old / "run").metrics)
+    assert records[: len(kept)] == kept
+    assert {r["step"] for r in records[len(kept) :]} == {6, 8}
+
+    straight = write_run(kind, tmp_path / "new")  # today's code, never stopped
+    for step in (4, NUM_STEPS):
+        (resumed_state, resumed_progress), (state, progress) = (
+            _saved(run, step) for run in (old / "run", straight)
+        )
+        _assert_states_close(resumed_state, state)
+        assert resumed_progress == progress  # the same data-stream position
