@@ -44,6 +44,7 @@ page's script draws from it and records what it drew as `data-*` attributes and 
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import json
 import math
@@ -221,6 +222,18 @@ def _per_layer(value, scanned: bool) -> list[np.ndarray]:
     return [value[i, 0] for i in range(value.shape[0])] if scanned else [value[0]]
 
 
+@functools.lru_cache(maxsize=8)
+def _recording_apply(model: nn.Module):
+    """`model.apply` with the recording hook, compiled once per model (and input shapes):
+    unjitted, a scanned stack is traced again on every call."""
+
+    def run(variables, *inputs):
+        with nn.intercept_methods(_record_attention):
+            return model.apply(variables, *inputs, mutable=["intermediates"])
+
+    return jax.jit(run)
+
+
 def attention_record(model: nn.Module, params: Any, *inputs) -> dict:
     """One forward pass, with every attention's weights, queries, keys, values and mask.
 
@@ -239,8 +252,7 @@ def attention_record(model: nn.Module, params: Any, *inputs) -> dict:
         attend).
     """
     variables = model_variables(model, params)
-    with nn.intercept_methods(_record_attention):
-        logits, state = model.apply(variables, *inputs, mutable=["intermediates"])
+    logits, state = _recording_apply(model)(variables, *inputs)
     found: dict[str, list] = {}
     for path, sown in _modules_with_weights(state["intermediates"]):
         stack = "encoder" if "encoder" in path else "decoder"
@@ -419,15 +431,16 @@ def render_all(
     t_labels = labels(tgt_ids)
     s_labels = labels(src_ids) if src_ids is not None else t_labels
     target = "sequence" if is_lm else "decoder input"
-    predicts = f"{target} (queries; row t predicts token t+1)"
     written = []
     for name, rows, cols, axis_titles in (
         ("encoder_self", s_labels, s_labels, ("source (queries)", "source (keys)")),
-        ("decoder_self", t_labels, t_labels, (predicts, f"{target} (keys)")),
-        ("decoder_cross", t_labels, s_labels, (predicts, "source (keys)")),
+        ("decoder_self", t_labels, t_labels, (f"{target} (queries)", f"{target} (keys)")),
+        ("decoder_cross", t_labels, s_labels, (f"{target} (queries)", "source (keys)")),
     ):
         if name in maps:
             title = ATTENTION_KINDS[name][2]
+            if name != "encoder_self":
+                title += f": the output of {target} row t predicts token t+1"
             written.append(
                 plot_attention_grid(
                     maps[name],
@@ -453,11 +466,12 @@ def render_all(
 TEMPLATE_NAME = "explorer.html"  # package data of `train` (pyproject.toml [package-data])
 PAYLOAD_PLACEHOLDER = "__EXPLORER_DATA__"
 # Decimals kept in the page. Attention weights and scores: 8, far inside the 1e-6 the
-# browser test asks for. Queries, keys and values are only shown (to 3 decimals) and
-# multiplied for display: 4 keep the page small. The positional table is drawn and checked
-# against R(k) to about 1e-6: 6 suffice.
+# browser test asks for. Queries, keys and values are only shown, to 3 decimals, and
+# multiplied for display (the numbers the page states come from the weights and scores):
+# 3 keep the page small. The positional table is drawn and checked against R(k) to about
+# 1e-6: 6 suffice.
 WEIGHT_DECIMALS = 8
-VECTOR_DECIMALS = 4
+VECTOR_DECIMALS = 3
 POSITION_DECIMALS = 6
 MAX_PE_POSITIONS = 128  # the positional panel shows at most this many positions
 
