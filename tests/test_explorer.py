@@ -19,6 +19,7 @@ import pytest
 from flax import linen as nn
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
+from flax_transformer.functional.attention import MASK_VALUE
 from train import visualize
 from train.checkpoint import TrainedModel
 from train.tokenizer import ByteTokenizer
@@ -80,8 +81,65 @@ def test_payload_holds_the_sown_weights_and_pieces():
         np.testing.assert_allclose(att["weights"], maps[att["name"]], atol=WEIGHT_TOLERANCE)
     assert payload["sides"]["source"]["pieces"][:2] == ["<0xE5>", "<0x88>"]
     assert payload["sides"]["target"]["pieces"][:3] == ["<s>", "I", "n"]
+    assert payload["prompt_length"] == len(tgt)  # targets the caller gives are given
     table = np.asarray(payload["positions"]["table"])
     assert table.shape == (32, 16)
+    assert payload["positions"]["curve_dims"] == [0, 4, 8, 10, 14]  # pairs 0..7, fast to slow
+
+
+@pytest.mark.parametrize(
+    "model_cls, changes",
+    [
+        (Transformer, {}),
+        (DecoderOnlyTransformer, {"scan_layers": True}),  # the decoder-only graph compiles faster
+        (Transformer, {"positional": "rope", "num_kv_heads": 1}),
+    ],
+    ids=["plain", "scanned", "rope-multi-query"],
+)
+def test_recorded_queries_and_keys_give_the_sown_weights(model_cls, changes):
+    """The neuron view's q, k and scores are what the weights came from: their masked
+    softmax is the model's sown weights (scanned layers, rotary positions and shared key
+    heads included)."""
+    model = model_cls(_config(init_std=0.3, **changes))
+    src, tgt = jnp.asarray([[5, 6, 7, 8, 0]]), jnp.asarray([[1, 9, 10]])  # source padding
+    inputs = (tgt,) if model_cls is DecoderOnlyTransformer else (src, tgt)
+    record = visualize.attention_record(model, model.init(jax.random.key(2), *inputs), *inputs)
+    assert record["logits"].shape == (3, 260)
+    kinds = ["decoder_self"] if model_cls is DecoderOnlyTransformer else visualize.ATTENTION_KINDS
+    assert sorted(record) == sorted([*kinds, "logits"])
+    for name in kinds:
+        kind = record[name]
+        scores = np.einsum("lnth,lnsh->lnts", kind["q"], kind["k"]) / np.sqrt(8)
+        np.testing.assert_allclose(kind["scores"], scores, atol=1e-5)
+        weights = jax.nn.softmax(jnp.where(kind["mask"], kind["scores"], MASK_VALUE), axis=-1)
+        weights = jnp.where(kind["mask"], weights, 0.0)
+        np.testing.assert_allclose(weights, kind["weights"], atol=WEIGHT_TOLERANCE, rtol=0)
+        assert kind["q"].shape[:2] == kind["k"].shape[:2] == (2, 2)  # (L, N): K heads repeated
+    if model_cls is Transformer:
+        assert not record["encoder_self"]["mask"][..., 4].any()  # the padded source key
+    assert np.array_equal(record["decoder_self"]["mask"][1, 1], np.tril(np.ones((3, 3), bool)))
+
+
+def test_params_or_the_whole_variables_dict_give_the_same_page(tmp_path):
+    """`render_explorer` takes what `generate_*` take (model.init's output, boxed) as well as
+    its ['params']."""
+    model, params, tok, src, tgt, _ = _translation()
+    boxed = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
+    pages = [
+        visualize.render_explorer(model, given, tok, src, tgt, tmp_path / f"{i}.html").read_text()
+        for i, given in enumerate((params, boxed, {"params": params}))
+    ]
+    assert pages[0] == pages[1] == pages[2]
+    with pytest.raises(ValueError, match="params lack"):
+        visualize.render_explorer(model, {"params": {}}, tok, src, tgt, tmp_path / "x.html")
+
+
+def test_generated_targets_are_marked_generated():
+    model, params, tok, src, tgt, _ = _translation()
+    payload = visualize.explorer_payload(model, params, tok, src, tgt, prompt_length=1)
+    assert payload["prompt_length"] == 1
+    with pytest.raises(ValueError, match=r"prompt_length=0 must lie in \[1, len\(tgt_ids\)=7\]"):
+        visualize.explorer_payload(model, params, tok, src, tgt, prompt_length=0)
 
 
 def test_html_is_self_contained_and_escapes_script_end(tmp_path):
@@ -195,4 +253,111 @@ def test_page_renders_the_sown_weights(browser, tmp_path, example):
     positions = page.evaluate("window.__explorer.positions")
     assert positions["maxError"] < 1e-5
     np.testing.assert_allclose(positions["dots"], positions["predicted"], atol=1e-4)
+    assert errors == []
+
+
+# Where cell (i, j) of a map canvas is on the screen: its box, border, label margins, cell size.
+CELL_GEOMETRY = """c => { const b = c.getBoundingClientRect();
+    return { x: b.left + c.clientLeft + Number(c.dataset.left), y: b.top + c.clientTop +
+             Number(c.dataset.top), cell: Number(c.dataset.cell) }; }"""
+READ_NEURON = """() => Object.fromEntries(Array.from(document.querySelectorAll(
+    '#neuron [data-field]')).map(e => [e.dataset.field,
+                                       [Number(e.dataset.value), e.textContent]]))"""
+READ_VECTOR = """(name) => Array.from(document.querySelectorAll(
+    `#neuron [data-vector="${name}"] span`)).map(c => Number(c.dataset.value))"""
+
+
+def _hover_cell(page, selector, i, j):
+    """Moves the mouse to the middle of cell (i, j) of a map and returns the tooltip's data."""
+    page.locator(selector).scroll_into_view_if_needed()
+    at = page.eval_on_selector(selector, CELL_GEOMETRY)
+    page.mouse.move(at["x"] + (j + 0.5) * at["cell"], at["y"] + (i + 0.5) * at["cell"])
+    return page.eval_on_selector("#tip", "t => ({...t.dataset})")
+
+
+def _inputs(src, tgt):
+    tgt_1T = jnp.asarray([tgt])
+    return (tgt_1T,) if src is None else (jnp.asarray([src]), tgt_1T)
+
+
+@pytest.mark.parametrize("example", [_translation, _language_model], ids=["translation", "lm"])
+def test_neuron_and_model_views_show_the_models_numbers(browser, tmp_path, example):
+    """Hovering the heatmap puts a (query, key) pair into the neuron view: its q·k/√d_k, the
+    mask and the softmax weight are the model's, within 1e-6; a model-view cell is the sown
+    weight too, and clicking its map opens it."""
+    model, params, tok, src, tgt, _ = example()
+    record = visualize.attention_record(model, params, *_inputs(src, tgt))
+    prompt_length = 1 if src is not None else 3  # BOS (+ 2 prompt tokens), the rest generated
+    path = visualize.render_explorer(
+        model, params, tok, src, tgt, tmp_path / "e.html", prompt_length=prompt_length
+    )
+    page, errors = _open(browser, path)
+    names = [n for n in visualize.ATTENTION_KINDS if n in record]
+    for kind, name in enumerate(names):
+        weights, scores = record[name]["weights"], record[name]["scores"]
+        layers, heads, rows, cols = weights.shape
+        layer, head = layers - 1, heads - 1
+        page.select_option("#kind", str(kind))
+        page.select_option("#layer", str(layer))
+        page.select_option("#head", str(head))
+        # The last row sees every key; row 1 of a causal map has masked keys past 1.
+        for i, j in [(rows - 1, 0), (1, cols - 1), (rows // 2, cols // 2)]:
+            tip = _hover_cell(page, "#heatmap", i, j)
+            where = {"layer": str(layer), "head": str(head), "query": str(i), "key": str(j)}
+            assert tip == {"map": "heatmap", **where, "value": tip["value"]}
+            assert abs(float(tip["value"]) - weights[layer, head, i, j]) <= WEIGHT_TOLERANCE
+            neuron = page.evaluate(READ_NEURON)
+            shown = page.eval_on_selector("#neuron", "n => ({...n.dataset})")
+            assert shown == {"kind": name, **where}
+            score, weight = scores[layer, head, i, j], weights[layer, head, i, j]
+            assert abs(neuron["scaled"][0] - score) <= WEIGHT_TOLERANCE
+            assert abs(neuron["weight"][0] - weight) <= WEIGHT_TOLERANCE
+            assert neuron["mask"][0] == int(record[name]["mask"][layer, head, i, j])
+            assert f"score {abs(score):.4f}" in neuron["scaled"][1].replace("-", "")
+            assert f"weight {weight:.4f}" in neuron["weight"][1]
+            head_dim = record[name]["q"].shape[-1]
+            assert abs(neuron["dot"][0] - score * np.sqrt(head_dim)) <= 1e-5
+            q, k = page.evaluate(READ_VECTOR, "q"), page.evaluate(READ_VECTOR, "k")
+            stored = 0.5 * 10.0**-visualize.VECTOR_DECIMALS + 1e-7  # vectors' rounding
+            np.testing.assert_allclose(q, record[name]["q"][layer, head, i], atol=stored)
+            np.testing.assert_allclose(k, record[name]["k"][layer, head, j], atol=stored)
+            total = page.evaluate(READ_VECTOR, "sum")  # Σ_s w·v: the head's output row
+            expected = weights[layer, head, i] @ record[name]["v"][layer, head]
+            np.testing.assert_allclose(total, expected, atol=stored)  # weights sum to 1
+        if name == "decoder_self":
+            assert neuron["mask"][0] == 1 and page.evaluate(READ_NEURON)["mask"][0] == 1
+            _hover_cell(page, "#heatmap", 1, cols - 1)
+            masked = page.evaluate(READ_NEURON)
+            assert masked["mask"][0] == 0 and masked["weight"][0] == 0.0  # the causal triangle
+
+        # A click pins the pair: the neuron view stays on it while the mouse moves on.
+        _hover_cell(page, "#heatmap", rows - 1, 0)
+        page.mouse.down()
+        page.mouse.up()
+        _hover_cell(page, "#heatmap", 0, 0)
+        pinned = page.eval_on_selector("#neuron", "n => [n.dataset.query, n.dataset.key]")
+        assert pinned == [str(rows - 1), "0"]
+
+        # The model view: one small map per layer and head, the same weights.
+        thumbs = page.eval_on_selector_all("#modelview canvas", "cs => cs.length")
+        assert thumbs == layers * heads
+        other = f'#modelview canvas[data-layer="0"][data-head="{heads // 2}"]'
+        tip = _hover_cell(page, other, rows - 1, cols - 1)
+        assert (tip["map"], tip["layer"], tip["head"]) == ("model", "0", str(heads // 2))
+        assert abs(float(tip["value"]) - weights[0, heads // 2, rows - 1, cols - 1]) <= 1e-6
+        page.click(other)
+        assert page.eval_on_selector("#layer", "s => s.value") == "0"
+        assert page.eval_on_selector("#head", "s => s.value") == str(heads // 2)
+        assert page.eval_on_selector(other, "c => c.classList.contains('open')")
+
+    # The fixed 0-1 scale by default, each map's maximum as an option.
+    assert page.eval_on_selector("#colourbar", "c => c.dataset.vmax") == "1"
+    page.select_option("#scale", "max")
+    top = float(page.eval_on_selector("#colourbar", "c => c.dataset.vmax"))
+    assert abs(top - weights[0, heads // 2].max()) <= WEIGHT_TOLERANCE  # the open map's
+    # Given decoder inputs are labelled given, generated ones generated.
+    assert page.eval_on_selector_all(".chip.given", "cs => cs.length") == prompt_length
+    generated = page.eval_on_selector_all(".chip.generated", "cs => cs.length")
+    assert generated == len(tgt) - prompt_length
+    assert "row t predicts token t+1" in page.inner_text("#heatmap-title")
     assert errors == []

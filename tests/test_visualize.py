@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 from matplotlib import image as mpimg
+from matplotlib import pyplot as plt
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from train import visualize
@@ -31,17 +32,13 @@ def _config(**changes):
     )
 
 
-def _expected_pixels(layers, heads):
-    width = (heads * visualize.CELL_INCHES + visualize.MARGIN_INCHES) * visualize.DPI
-    height = (layers * visualize.CELL_INCHES + visualize.MARGIN_INCHES) * visualize.DPI
-    return round(height), round(width)
-
-
 def _check_png(path, shape=None):
+    """A valid PNG; returns its (height, width) in pixels."""
     assert path.read_bytes()[:8] == PNG_MAGIC
     pixels = mpimg.imread(path)
     if shape is not None:
         assert pixels.shape[:2] == shape
+    return pixels.shape[:2]
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -61,8 +58,8 @@ def test_translation_pictures(tmp_path, scan):
         "encoder_self_attention.png",
         "positional_encoding.png",
     ]
-    for path in written[:-1]:
-        _check_png(path, _expected_pixels(2, 2))
+    sizes = [_check_png(path) for path in written[:-1]]
+    assert all(height > 400 and width > 500 for height, width in sizes)
     _check_png(tmp_path / "positional_encoding.png", (800, 1000))
 
     maps = visualize.attention_maps(model, params, jnp.asarray([src]), jnp.asarray([tgt]))
@@ -81,7 +78,52 @@ def test_language_model_pictures(tmp_path):
     params = nn.unbox(model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32)))["params"]
     written = visualize.render_all(model, params, tok, None, ids, tmp_path)
     assert [p.name for p in written] == ["decoder_self_attention.png", "positional_encoding.png"]
-    _check_png(written[0], _expected_pixels(3, 2))
+    height, width = _check_png(written[0])
+    assert height > width  # 3 layers (rows) of 2 heads (columns)
+
+
+def test_attention_figure_has_one_colour_scale_a_colour_bar_and_axis_titles():
+    weights = np.random.default_rng(0).dirichlet(np.ones(5), size=(2, 3, 4))  # (L, N, T, S)
+    fig = visualize.attention_figure(
+        weights, list("abcd"), list("vwxyz"), "cross", ("decoder input", "source")
+    )
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 6 and len(fig.axes) == 7  # one colour bar for all six
+    assert {ax.images[0].get_clim() for ax in panels} == {(0.0, 1.0)}
+    bar = next(ax for ax in fig.axes if not ax.images)
+    assert "attention weight" in bar.get_ylabel()
+    assert {ax.get_xlabel() for ax in panels[-3:]} == {"source"}  # the last layer's row
+    assert {ax.get_ylabel() for ax in panels[::3]} == {"decoder input"}  # the first column
+    sizes = {t.get_fontsize() for ax in panels for t in ax.get_xticklabels() + ax.get_yticklabels()}
+    assert min(sizes) >= visualize.TICK_FONT_SIZE >= 8
+    assert [t.get_text() for t in panels[0].get_xticklabels()] == list("vwxyz")
+    plt.close(fig)
+
+
+def test_panels_grow_with_the_tokens_so_labels_stay_apart():
+    def inches(tokens):
+        weights = np.full((1, 1, tokens, tokens), 1.0 / tokens)
+        labels = [f"t{i}" for i in range(tokens)]
+        fig = visualize.attention_figure(weights, labels, labels, "self")
+        width, height = fig.get_size_inches()
+        plt.close(fig)
+        return width, height
+
+    small, large = inches(5), inches(40)
+    assert small[0] == pytest.approx(
+        visualize.PANEL_INCHES + visualize.MARGIN_INCHES[0] + visualize.COLOURBAR_INCHES
+    )
+    assert large[0] - small[0] == pytest.approx(
+        40 * visualize.TOKEN_INCHES - visualize.PANEL_INCHES
+    )
+    assert large[1] > small[1]
+
+
+def test_positional_curves_spread_from_fast_to_slow_pairs():
+    assert visualize.curve_dims(128) == [0, 32, 64, 94, 126]  # pairs 0, 16, 32, 47, 63
+    assert visualize.curve_dims(4) == [0, 2]
+    periods = [2 * np.pi * 10000 ** (d / 128) for d in visualize.curve_dims(128)]
+    assert periods[0] == pytest.approx(2 * np.pi) and periods[-1] > 50_000
 
 
 def test_token_labels_fall_back_to_ids_without_cjk_font():
