@@ -239,3 +239,19 @@ def test_a_strategy_of_another_type_is_a_type_error(shapes):
         with pytest.raises(TypeError, match="must be Greedy.*, Sample.* or Beam"):
             _text(shapes, strategy=bad)
 
+
+def test_the_program_decode_options_build_one_strategy():
+    """train.decoding: translation greedy or beam search, text greedy or sampling; a run's
+    top_k/top_p go unused with temperature 0 (configs/lm_kjv.py has top_k=40)."""
+    from train.decoding import DecodeOptions
+
+    options = DecodeOptions(max_len=16, beam_size=1, length_penalty=1.0, top_k=40, top_p=0.9)
+    assert options.translation_strategy() == Greedy()
+    assert options.text_strategy() == Greedy()
+    wide = dataclasses.replace(options, beam_size=4)
+    assert wide.translation_strategy() == Beam(4, 1.0)
+    hot = dataclasses.replace(options, temperature=0.8)
+    assert hot.text_strategy() == Sample(0.8, 40, 0.9)
+    assert hot.translation_strategy() == Greedy()  # translation never samples
+    with pytest.raises(ValueError, match="Sample: top_p=1.5"):
+        dataclasses.replace(hot, top_p=1.5).text_strategy()
