@@ -2,7 +2,8 @@
 
 Layers of the package (imports point down only):
   models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
-  decoding    KV-cache generation: generate_translation, generate_text (greedy, sampling, beam)
+  decoding    KV-cache generation: generate_translation, generate_text, and the strategies
+              Greedy, Sample, Beam
   interop     weights in from torch.nn.Transformer, Hugging Face GPT-2 and Llama, out to
               GPT-2 and Llama (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
@@ -19,7 +20,7 @@ Dimension key used in names (`x_BTD`) and einsum strings:
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
 from flax_transformer.checked import checked
 from flax_transformer.config import LayerConfig, TransformerConfig
-from flax_transformer.decoding import generate_text, generate_translation
+from flax_transformer.decoding import Beam, Greedy, Sample, generate_text, generate_translation
 from flax_transformer.functional import (
     apply_rope,
     causal_mask,
@@ -61,6 +62,7 @@ from flax_transformer.models import DecoderOnlyTransformer, Transformer, check_t
 __version__ = "0.1.0"
 
 __all__ = [
+    "Beam",
     "Decoder",
     "DecoderLayer",
     "DecoderOnlyTransformer",
@@ -68,11 +70,13 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "Greedy",
     "LayerConfig",
     "LayerNorm",
     "MultiHeadAttention",
     "PositionalEncoding",
     "RMSNorm",
+    "Sample",
     "Transformer",
     "TransformerConfig",
     "apply_rope",

@@ -15,7 +15,10 @@ import pytest
 from flax import linen as nn
 
 from flax_transformer import (
+    Beam,
     DecoderOnlyTransformer,
+    Greedy,
+    Sample,
     Transformer,
     TransformerConfig,
     generate_text,
@@ -575,8 +578,54 @@ def test_compiled_once_per_shape(monkeypatch):
             **kwargs,
         )
     assert traces == [(5, 3)]
+    # The same program through strategy values: temperature and top_p are traced leaves.
+    for temperature in (0.3, 2.5):
+        strategy = Sample(temperature, top_p=0.9)
+        generate_text(model, params, prompt, eos_id=3, max_new_tokens=7, strategy=strategy, rng=key)
+    assert traces == [(5, 3)]
     generate_text(model, params, prompt[:4], None, eos_id=4, temperature=1.0, rng=key, **kwargs)
     assert traces == [(5, 3), (4, 3)]
+    # Beam search: one program for any length penalty, by keyword or as a Beam.
+    beams = dict(eos_id=4, max_new_tokens=7)
+    generate_text(model, params, prompt, beam_size=3, length_penalty=0.6, **beams)
+    generate_text(model, params, prompt, strategy=Beam(3, length_penalty=1.2), **beams)
+    assert traces == [(5, 3), (4, 3), (5, 3)]
+
+
+def test_strategies_decode_as_their_keywords():
+    """`strategy=` runs the very program the older keywords run: the same tokens and logits,
+    greedy, sampled (one key) and beam search, for both models."""
+    lm, lm_params = _lm()
+    mt, mt_params = _mt()
+    key = jax.random.key(3)
+    cases = [
+        ({}, Greedy()),
+        (dict(temperature=1.0), Sample(1.0)),
+        (dict(temperature=2.0, top_k=3), Sample(2.0, top_k=3)),
+        (dict(temperature=1.0, top_p=0.5), Sample(top_p=0.5)),
+    ]
+    for keywords, strategy in cases:
+        chex.assert_trees_all_equal(
+            _text(lm, lm_params, rng=key, strategy=strategy),
+            _text(lm, lm_params, rng=key, **keywords),
+        )
+    chex.assert_trees_all_equal(
+        _translate(mt, mt_params, strategy=Sample(1.5), rng=key),
+        _translate(mt, mt_params, temperature=1.5, rng=key),
+    )
+    assert not np.array_equal(
+        _translate(mt, mt_params, strategy=Greedy())[0],
+        _translate(mt, mt_params, strategy=Sample(1.5), rng=key)[0],
+    )
+    beam = dict(eos_id=5, max_new_tokens=N_NEW)
+    np.testing.assert_array_equal(
+        generate_translation(mt, mt_params, SOURCE, bos_id=BOS, strategy=Beam(3), **beam),
+        generate_translation(mt, mt_params, SOURCE, bos_id=BOS, beam_size=3, **beam),
+    )
+    np.testing.assert_array_equal(
+        generate_text(lm, lm_params, PROMPT, LENGTHS, strategy=Beam(3, 1.0), **beam),
+        generate_text(lm, lm_params, PROMPT, LENGTHS, beam_size=3, length_penalty=1.0, **beam),
+    )
 
 
 def test_boxed_unboxed_and_bare_params_agree():

@@ -3,7 +3,8 @@
 Both go through `flax_transformer.generate_translation` and `generate_text` (KV-cache
 decoding; greedy unless the options ask for beams or sampling). What they read of the
 experiment config travels as one frozen `DecodeOptions`, built once with `from_config`; a
-command-line flag changes a copy (`dataclasses.replace`), never the config. The scores of
+command-line flag changes a copy (`dataclasses.replace`), never the config. The options
+turn into one decoding strategy (`Greedy`, `Sample` or `Beam`) where they are used. The scores of
 decoded text live here too: BLEU and chrF (sacrebleu) and the share of outputs that loop.
 """
 
@@ -17,7 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from flax_transformer import generate_text, generate_translation
+from flax_transformer import Beam, Greedy, Sample, generate_text, generate_translation
 from train import distributed
 from train.batching import default_bucket_lengths
 from train.tokenizer import Tokenizer
@@ -67,6 +68,19 @@ class DecodeOptions:
             top_p=config.top_p,
             seed=config.seed,
         )
+
+    def translation_strategy(self) -> Greedy | Beam:
+        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
+        if self.beam_size > 1:
+            return Beam(self.beam_size, self.length_penalty)
+        return Greedy()
+
+    def text_strategy(self) -> Greedy | Sample:
+        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
+        which has nothing for top_k/top_p to filter, so the run's values go unused."""
+        if self.temperature > 0:
+            return Sample(self.temperature, self.top_k, self.top_p)
+        return Greedy()
 
 
 def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
@@ -132,8 +146,7 @@ def translate(
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
             max_new_tokens=max_new,
-            beam_size=options.beam_size,
-            length_penalty=options.length_penalty,
+            strategy=options.translation_strategy(),
         )
         generated = np.asarray(jax.device_get(generated))
         for row, index in enumerate(chunk):
@@ -177,14 +190,11 @@ def sample_text(
             f"A prompt of {longest - 1} tokens leaves room for {room} new tokens within "
             f"max_len={options.max_len}, but {max_new} were asked; shorten the prompt."
         )
-    sampling = {}
-    if options.temperature > 0:  # greedy otherwise: top_k/top_p would be refused, not ignored
-        sampling = dict(
-            temperature=options.temperature,
-            top_k=options.top_k,
-            top_p=options.top_p,
-            rng=jax.random.key(options.seed) if rng is None else rng,
-        )
+    strategy = options.text_strategy()
+    if not isinstance(strategy, Sample):
+        rng = None  # greedy decoding draws nothing
+    elif rng is None:
+        rng = jax.random.key(options.seed)
     generated = generate_text(
         model,
         {"params": params},
@@ -192,7 +202,8 @@ def sample_text(
         np.asarray([len(r) for r in rows], np.int32),
         eos_id=tokenizer.eos_id,
         max_new_tokens=max_new,
-        **sampling,
+        strategy=strategy,
+        rng=rng,
     )
     generated = np.asarray(jax.device_get(generated))
     return [

@@ -1,6 +1,7 @@
 """Generation for both models: KV cache, parallel prefill, greedy, sampling, beam search.
 
 cache      the KV cache pytree: `init_cache`, `select_rows`, `check_cache_room`
+strategies how a token is chosen, as one hashable value: `Greedy`, `Sample`, `Beam`
 sampling   pure logits filters: temperature, `top_k_mask`, `top_p_mask`, `choose_tokens`
 steppers   one step interface over both models, with or without the cache
 search     the jitted loops: `sample_loop` (greedy / sampling), `beam_search`
@@ -17,10 +18,14 @@ from flax_transformer.decoding.sampling import (
     top_p_mask,
 )
 from flax_transformer.decoding.search import LogitsHook, beam_search, length_penalty, sample_loop
+from flax_transformer.decoding.strategies import Beam, Greedy, Sample
 
 __all__ = [
     "MASKED_LOGIT",
+    "Beam",
+    "Greedy",
     "LogitsHook",
+    "Sample",
     "beam_search",
     "check_cache_room",
     "choose_tokens",

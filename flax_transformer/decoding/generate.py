@@ -1,15 +1,19 @@
 """Public generation functions: `generate_translation` and `generate_text`.
 
 Both validate their inputs (ValueError before any compute), then run one jitted program:
-prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache, compiled once
-per input shape and decoding option. `use_cache=False` runs the same loop with the full
-model recomputed over the whole sequence at every step: the reference the cache is tested
-against.
+prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache. How each
+token is chosen is one value, the strategy (`strategies.py`: `Greedy`, `Sample`, `Beam`),
+given as `strategy=` or built from the older keywords by `strategy_from_keywords`. The
+program is compiled once per input shape, strategy structure and `Program` (the other
+static options). `use_cache=False` runs the same loop with the full model recomputed over
+the whole sequence at every step: the reference the cache is tested against.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +23,21 @@ from flax_transformer.decoding import search
 from flax_transformer.decoding.sampling import choose_tokens
 from flax_transformer.decoding.search import LogitsHook
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
-from flax_transformer.decoding.validation import (
-    check_logits_hook,
-    check_options,
-    check_prompt_lengths,
-    check_tokens,
+from flax_transformer.decoding.strategies import (
+    Beam,
+    Greedy,
+    Sample,
+    Strategy,
     is_int,
+    strategy_from_keywords,
+)
+from flax_transformer.decoding.validation import (
+    check_eos_and_length,
+    check_logits_hook,
+    check_penalty_range,
+    check_prompt_lengths,
+    check_strategy,
+    check_tokens,
     unbox_params,
 )
 from flax_transformer.functional.checks import is_concrete
@@ -33,109 +46,103 @@ from flax_transformer.functional.checks import is_concrete
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def _chooser(sample: bool, top_k: int, filter_top_p: bool, temperature, top_p, rng):
+class Prompt(NamedTuple):
+    """What a generation starts from and stops at: traced, so new ids reuse the program.
+
+    Attributes:
+      tokens: int32 prompts `(B, P)` (text) or sources `(B, S)` (translation).
+      lengths: int32 `(B,)`, the prompts' real lengths (text); None for translation.
+      bos_id: int32 `()`, the decoder's start token (translation); None for text.
+      eos_id: int32 `()`, the token that ends a sequence; None: none does.
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array | None
+    bos_id: jax.Array | None
+    eos_id: jax.Array | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """The static options of one generation: one compiled program per distinct value.
+
+    Attributes:
+      kind: 'text' (`DecoderOnlyTransformer`) or 'translation' (`Transformer`).
+      max_new_tokens: N, the loop's length and the cache's room.
+      use_cache: the KV cache, or full recomputation every step.
+      return_logits: also return each step's logits (not with beam search).
+      logits_hook: None or `(logits, tokens, step) -> logits`, compared by identity.
+      decode_dtype: None or the name of the dtype the weights are cast to (`_in_dtype`).
+    """
+
+    kind: str
+    max_new_tokens: int
+    use_cache: bool
+    return_logits: bool
+    logits_hook: LogitsHook | None
+    decode_dtype: str | None
+
+
+def _chooser(strategy: Greedy | Sample, rng):
     """`(logits, step) -> tokens`: argmax, or a sample with the key `fold_in(rng, step)`."""
-    if not sample:
+    if isinstance(strategy, Greedy):
         return lambda logits_BV, _: choose_tokens(logits_BV, None)
 
     def choose(logits_BV, step):
         return choose_tokens(
             logits_BV,
             jax.random.fold_in(rng, step),
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p if filter_top_p else None,
+            temperature=strategy.temperature,
+            top_k=strategy.top_k,
+            top_p=strategy.nucleus,
         )
 
     return choose
 
 
-_STATIC_OPTIONS = (
-    "model",
-    "kind",
-    "max_new_tokens",
-    "beam_size",
-    "sample",
-    "top_k",
-    "filter_top_p",
-    "use_cache",
-    "return_logits",
-    "logits_hook",
-    "decode_dtype",
-)
+def _stepper(model, params, prompt: Prompt, program: Program):
+    n, cached = program.max_new_tokens, program.use_cache
+    if program.kind == "translation":
+        return translation_stepper(model, params, prompt.tokens, prompt.bos_id, n, cached)
+    return text_stepper(model, params, prompt.tokens, prompt.lengths, n, cached)
 
 
-def _generate_impl(
-    model,
-    params,
-    tokens_BP,
-    lengths_B,
-    bos_id,
-    eos_id,
-    rng,
-    temperature,
-    top_p,
-    length_penalty,
-    *,
-    kind,
-    max_new_tokens,
-    beam_size,
-    sample,
-    top_k,
-    filter_top_p,
-    use_cache,
-    return_logits,
-    logits_hook,
-    decode_dtype,
-):
-    """The whole generation, traced once per input shape and static option.
+def _generate_impl(model, params, prompt: Prompt, strategy: Strategy, rng, *, program: Program):
+    """The whole generation, traced once per input shape, `program` and strategy structure.
 
-    Token ids, temperature, top_p and the length penalty are traced values: changing them
-    reuses the compiled program. `eos_id` is None or an int32 scalar. `logits_hook` is
-    static (hashed by identity): the same function reuses the program. `decode_dtype`
-    (None or a dtype name) casts the weights once, before the loop (`_in_dtype`).
+    `model` and `program` are static. The strategy's class, top_k and beam size are static
+    (its pytree structure); its temperature, top_p and length penalty are traced leaves, as
+    are the token ids: changing them reuses the compiled program.
     """
-    if decode_dtype is not None:
-        model, params = _in_dtype(model, params, decode_dtype)
-    if kind == "translation":
-        stepper = translation_stepper(model, params, tokens_BP, bos_id, max_new_tokens, use_cache)
-    else:
-        stepper = text_stepper(model, params, tokens_BP, lengths_B, max_new_tokens, use_cache)
-    pad_id = model.config.pad_id
-    if beam_size > 1:
-        return search.beam_search(
-            stepper,
-            beam_size=beam_size,
-            max_new_tokens=max_new_tokens,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            alpha=length_penalty,
-            logits_hook=logits_hook,
-        )
-    choose = _chooser(sample, top_k, filter_top_p, temperature, top_p, rng)
-    return search.sample_loop(
-        stepper,
-        choose,
-        max_new_tokens=max_new_tokens,
-        eos_id=eos_id,
-        pad_id=pad_id,
-        return_logits=return_logits,
-        logits_hook=logits_hook,
+    if program.decode_dtype is not None:
+        model, params = _in_dtype(model, params, program.decode_dtype)
+    stepper = _stepper(model, params, prompt, program)
+    loop = dict(
+        max_new_tokens=program.max_new_tokens,
+        eos_id=prompt.eos_id,
+        pad_id=model.config.pad_id,
+        logits_hook=program.logits_hook,
     )
+    if isinstance(strategy, Beam):
+        return search.beam_search(
+            stepper, beam_size=strategy.size, alpha=strategy.length_penalty, **loop
+        )
+    choose = _chooser(strategy, rng)
+    return search.sample_loop(stepper, choose, return_logits=program.return_logits, **loop)
 
 
-_generate = jax.jit(_generate_impl, static_argnames=_STATIC_OPTIONS)
+_generate = jax.jit(_generate_impl, static_argnames=("model", "program"))
 
 
 @functools.lru_cache(maxsize=32)
-def _checked_generate(model, **static):
-    """`_generate` for one set of static options, its checkify checks functionalized.
+def _checked_generate(model, program: Program):
+    """`_generate` for one model and `program`, its checkify checks functionalized.
 
     The model's `config.debug_checks` puts checks on traced values into the program
     (token ids, cache room, prompt lengths); `checkify.checkify` turns them into an error
     value that `_run` raises. Cached per static options, as `jax.jit` caches `_generate`.
     """
-    bound = functools.partial(_generate_impl, model, **static)
+    bound = functools.partial(_generate_impl, model, program=program)
     return jax.jit(checkify.checkify(bound, errors=checkify.user_checks))
 
 
@@ -171,42 +178,61 @@ def _check_decode_dtype(fn: str, decode_dtype) -> str | None:
     return name
 
 
-def _run(model, params, tokens, lengths, kind, bos_id, options: dict, return_logits: bool):
-    """Call the jitted program with options split into traced values and static ones."""
-    if return_logits and options["beam_size"] > 1:
-        raise ValueError("return_logits=True is for beam_size=1 (one sequence per prompt).")
-    temperature, top_p = float(options["temperature"]), float(options["top_p"])
-    sample = temperature > 0
-    eos_id = options["eos_id"]
-    traced = (
-        model,
-        params,
-        tokens,
-        lengths,
-        None if bos_id is None else jnp.int32(bos_id),
-        None if eos_id is None else jnp.int32(eos_id),
-        options["rng"] if sample else None,
-        jnp.float32(temperature if sample else 1.0),
-        jnp.float32(top_p),
-        jnp.float32(options["length_penalty"]),
-    )
-    static = dict(
-        kind=kind,
-        max_new_tokens=options["max_new_tokens"],
-        beam_size=options["beam_size"],
-        sample=sample,
-        top_k=options["top_k"] if sample else 0,
-        filter_top_p=sample and top_p < 1.0,
-        use_cache=options["use_cache"],
-        return_logits=return_logits,
-        logits_hook=options["logits_hook"],
-        decode_dtype=options["decode_dtype"],
-    )
-    if model.config.debug_checks and is_concrete(tokens, lengths, *jax.tree.leaves(params)):
-        err, out = _checked_generate(model, **static)(*traced[1:])
+def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Program):
+    """Call the jitted program; through checkify where `model.config.debug_checks` asks."""
+    # Traced leaves in float32, the loops' dtype, whatever float type the user gave.
+    strategy = jax.tree.map(jnp.float32, strategy)
+    rng = rng if isinstance(strategy, Sample) else None  # greedy and beams draw nothing
+    concrete = is_concrete(*jax.tree.leaves((prompt.tokens, prompt.lengths, params)))
+    if model.config.debug_checks and concrete:
+        err, out = _checked_generate(model, program)(params, prompt, strategy, rng)
         err.throw()
         return out
-    return _generate(*traced, **static)
+    return _generate(model, params, prompt, strategy, rng, program=program)
+
+
+def _resolve_strategy(
+    fn: str,
+    config,
+    strategy: Strategy | None,
+    keywords: dict,
+    *,
+    max_new_tokens: int,
+    rng,
+    return_logits: bool,
+) -> Strategy:
+    """`strategy`, or the one the older keywords describe; checked against the model.
+
+    `keywords` holds beam_size, length_penalty, temperature, top_k and top_p as passed
+    (None: not given). Giving both a strategy and any of them is refused.
+    """
+    given = {name: value for name, value in keywords.items() if value is not None}
+    if strategy is None:
+        strategy = strategy_from_keywords(fn, **keywords)
+        if "length_penalty" in given:  # checked as before, even where greedy ignores it
+            check_penalty_range(fn, given["length_penalty"], max_new_tokens)
+    elif given:
+        listed = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        raise ValueError(
+            f"{fn}: strategy={strategy!r} and {listed} both say how to decode; pass one: "
+            "the strategy alone (Greedy(), Sample(temperature, top_k, top_p) or "
+            "Beam(size, length_penalty)), or the keywords without it."
+        )
+    check_strategy(
+        fn, config, strategy, max_new_tokens=max_new_tokens, rng=rng, return_logits=return_logits
+    )
+    return strategy
+
+
+def _program(fn, kind, max_new_tokens, use_cache, return_logits, logits_hook, decode_dtype):
+    return Program(
+        kind=kind,
+        max_new_tokens=max_new_tokens,
+        use_cache=use_cache,
+        return_logits=return_logits,
+        logits_hook=check_logits_hook(fn, logits_hook),
+        decode_dtype=_check_decode_dtype(fn, decode_dtype),
+    )
 
 
 def generate_translation(
@@ -217,11 +243,12 @@ def generate_translation(
     bos_id: int,
     eos_id: int,
     max_new_tokens: int,
-    beam_size: int = 1,
-    length_penalty: float = 0.6,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    strategy: Strategy | None = None,
+    beam_size: int | None = None,
+    length_penalty: float | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     rng: jax.Array | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
@@ -241,19 +268,26 @@ def generate_translation(
       bos_id: the decoder's start token.
       eos_id: the end token; each sentence stops after it.
       max_new_tokens: N, the most tokens generated; `1 + N <= config.max_len`.
-      beam_size: 1 for greedy decoding or sampling; K > 1 for beam search (which with one
-        beam is exactly greedy decoding, so 1 runs the cheaper greedy loop).
-      length_penalty: beam search's GNMT exponent alpha, finite, >= 0 (0: raw
+      strategy: how each token is chosen: `Greedy()`, `Sample(temperature, top_k, top_p)`
+        or `Beam(size, length_penalty)` (`decoding.strategies`). None (the default): the
+        keywords below say it, and without them decoding is greedy. Passing a strategy and
+        any of those keywords raises ValueError. A new temperature, top_p or length
+        penalty reuses the compiled program; a new class, top_k or beam size compiles anew.
+      beam_size: the older way to say the strategy, with the four keywords after it (None:
+        not given). 1 (default) for greedy decoding or sampling; K > 1 for beam search,
+        `Beam(K, length_penalty)`.
+      length_penalty: beam search's GNMT exponent alpha (default 0.6), finite, >= 0 (0: raw
         log-probability), small enough that the penalty stays finite in float32.
-      temperature: 0.0 for greedy; > 0 (finite) samples from softmax(logits / temperature).
-      top_k: when sampling, keep only the k most likely tokens (0: all). Sampling only:
-        with temperature=0 a top_k or top_p other than off raises ValueError.
-      top_p: when sampling, keep only the nucleus of mass top_p (1.0: all).
+      temperature: 0.0 (default) for greedy; > 0 (finite) samples from softmax(logits /
+        temperature): `Sample(temperature, top_k, top_p)`.
+      top_k: when sampling, keep only the k most likely tokens (default 0: all). Sampling
+        only: with temperature=0 a top_k or top_p other than off raises ValueError.
+      top_p: when sampling, keep only the nucleus of mass top_p (default 1.0: all).
       rng: one PRNG key (`jax.random.key(0)` or a legacy `PRNGKey`), required when
-        sampling. Greedy decoding and beam search (temperature=0) draw nothing and ignore
-        it; one key serves the whole batch (not one key per row).
+        sampling. Greedy decoding and beam search draw nothing and ignore it; one key
+        serves the whole batch (not one key per row).
       use_cache: False recomputes the full model every step (slow; the reference).
-      return_logits: also return each step's logits `(B, N, V)` (beam_size=1 only).
+      return_logits: also return each step's logits `(B, N, V)` (not with beam search).
       logits_hook: None, or a jittable function `(logits, tokens, step) -> logits` applied
         to every step's logits inside the compiled loop, before argmax, sampling (and its
         temperature, top-k, top-p) or beam scoring: constrained or banned-token decoding.
@@ -283,7 +317,7 @@ def generate_translation(
 
     Example:
       tokens = generate_translation(model, params, src, bos_id=1, eos_id=2,
-                                    max_new_tokens=64, beam_size=4, length_penalty=0.6)
+                                    max_new_tokens=64, strategy=Beam(4, length_penalty=0.6))
     """
     fn = "generate_translation"
     if not hasattr(model, "encode") or not hasattr(model, "config"):
@@ -295,17 +329,23 @@ def generate_translation(
     params = unbox_params(params, ("encoder", "decoder"), fn)
     src = check_tokens(fn, "src_tokens", src_tokens, cfg.vocab_size)
     cfg.check_length(src.shape[1], "src_tokens")
-    options = dict(
-        eos_id=eos_id,
-        max_new_tokens=max_new_tokens,
+    check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
+    keywords = dict(
         beam_size=beam_size,
         length_penalty=length_penalty,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        rng=rng,
     )
-    check_options(fn, cfg, **options)
+    strategy = _resolve_strategy(
+        fn,
+        cfg,
+        strategy,
+        keywords,
+        max_new_tokens=max_new_tokens,
+        rng=rng,
+        return_logits=return_logits,
+    )
     if eos_id is None:
         raise ValueError(f"{fn}: eos_id is required (the token that ends a translation).")
     if not is_int(bos_id) or not 0 <= bos_id < cfg.output_vocab_size:
@@ -324,12 +364,11 @@ def generate_translation(
             f"{fn}: BOS + max_new_tokens={max_new_tokens} tokens exceed TransformerConfig."
             f"max_len={cfg.max_len}; lower max_new_tokens to at most {cfg.max_len - 1}."
         )
-    options.update(
-        use_cache=use_cache,
-        logits_hook=check_logits_hook(fn, logits_hook),
-        decode_dtype=_check_decode_dtype(fn, decode_dtype),
+    program = _program(
+        fn, "translation", max_new_tokens, use_cache, return_logits, logits_hook, decode_dtype
     )
-    return _run(model, params, src, None, "translation", bos_id, options, return_logits)
+    prompt = Prompt(src, None, jnp.int32(bos_id), jnp.int32(eos_id))
+    return _run(model, params, prompt, strategy, rng, program)
 
 
 def generate_text(
@@ -340,11 +379,12 @@ def generate_text(
     *,
     eos_id: int | None,
     max_new_tokens: int,
-    beam_size: int = 1,
-    length_penalty: float = 0.6,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    strategy: Strategy | None = None,
+    beam_size: int | None = None,
+    length_penalty: float | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
     rng: jax.Array | None = None,
     use_cache: bool = True,
     return_logits: bool = False,
@@ -365,9 +405,9 @@ def generate_text(
         tokens must not be `pad_id`, which the model masks.
       eos_id: stop a sequence after this token; None runs every sequence N tokens.
       max_new_tokens: N; `P + N <= config.max_len`.
-      beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache, return_logits,
-      logits_hook, decode_dtype: as in `generate_translation` (`tokens` holds the
-        continuation only, not the prompt).
+      strategy, beam_size, length_penalty, temperature, top_k, top_p, rng, use_cache,
+      return_logits, logits_hook, decode_dtype: as in `generate_translation` (`tokens`
+        holds the continuation only, not the prompt).
 
     Returns:
       int32 `(B, N)`: the continuation tokens, EOS included where produced, then pad; with
@@ -375,7 +415,7 @@ def generate_text(
 
     Example:
       tokens = generate_text(model, params, prompts, lengths, eos_id=2, max_new_tokens=100,
-                             temperature=0.8, top_p=0.95, rng=jax.random.key(0))
+                             strategy=Sample(0.8, top_p=0.95), rng=jax.random.key(0))
     """
     fn = "generate_text"
     if hasattr(model, "encode") or not hasattr(model, "config"):
@@ -388,26 +428,31 @@ def generate_text(
     prompt = check_tokens(fn, "prompt_tokens", prompt_tokens, cfg.vocab_size)
     prompt_len = prompt.shape[1]
     lengths = check_prompt_lengths(fn, prompt, prompt_lengths, cfg.pad_id)
-    options = dict(
-        eos_id=eos_id,
-        max_new_tokens=max_new_tokens,
+    check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
+    keywords = dict(
         beam_size=beam_size,
         length_penalty=length_penalty,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        rng=rng,
     )
-    check_options(fn, cfg, **options)
+    strategy = _resolve_strategy(
+        fn,
+        cfg,
+        strategy,
+        keywords,
+        max_new_tokens=max_new_tokens,
+        rng=rng,
+        return_logits=return_logits,
+    )
     if prompt_len + max_new_tokens > cfg.max_len:
         raise ValueError(
             f"{fn}: prompt length P={prompt_len} + max_new_tokens={max_new_tokens} exceeds "
             f"TransformerConfig.max_len={cfg.max_len}; shorten the prompt or lower "
             "max_new_tokens."
         )
-    options.update(
-        use_cache=use_cache,
-        logits_hook=check_logits_hook(fn, logits_hook),
-        decode_dtype=_check_decode_dtype(fn, decode_dtype),
+    program = _program(
+        fn, "text", max_new_tokens, use_cache, return_logits, logits_hook, decode_dtype
     )
-    return _run(model, params, prompt, lengths, "text", None, options, return_logits)
+    eos = None if eos_id is None else jnp.int32(eos_id)
+    return _run(model, params, Prompt(prompt, lengths, None, eos), strategy, rng, program)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,11 +12,8 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer.decoding.search import LENGTH_PENALTY_BASE
+from flax_transformer.decoding.strategies import STRATEGIES, Beam, Sample, is_int
 from flax_transformer.inputs import check_token_range
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def _concrete(x: Any) -> bool:
@@ -45,19 +41,8 @@ def unbox_params(params: Any, required: tuple[str, ...], fn: str) -> dict:
     return dict(params)
 
 
-def check_options(
-    fn: str,
-    config,
-    *,
-    eos_id,
-    max_new_tokens,
-    beam_size,
-    length_penalty,
-    temperature,
-    top_k,
-    top_p,
-    rng,
-) -> None:
+def check_eos_and_length(fn: str, config, eos_id, max_new_tokens) -> None:
+    """ValueError unless max_new_tokens is an int >= 1 and eos_id None or a real token id."""
     vocab = config.output_vocab_size
     if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"{fn}: max_new_tokens={max_new_tokens!r} must be an int >= 1.")
@@ -65,53 +50,48 @@ def check_options(
         raise ValueError(f"{fn}: eos_id={eos_id!r} must be a token id in [0, {vocab}).")
     if eos_id is not None and eos_id == config.pad_id:
         raise ValueError(f"{fn}: eos_id={eos_id} equals pad_id; EOS must be a real token.")
-    if not is_int(beam_size) or beam_size < 1:
-        raise ValueError(f"{fn}: beam_size={beam_size!r} must be an int >= 1.")
-    _finite(fn, "length_penalty", length_penalty, ">= 0 (0: none)", 0.0)
-    _check_penalty_range(fn, length_penalty, max_new_tokens)
-    _finite(fn, "temperature", temperature, ">= 0 (0: greedy)", 0.0)
-    if not is_int(top_k) or not 0 <= top_k <= vocab:
-        raise ValueError(f"{fn}: top_k={top_k!r} must be an int in [0, {vocab}] (0: off).")
-    if not _is_real(top_p) or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"{fn}: top_p={top_p!r} must be in (0, 1] (1: off).")
-    sampling = temperature > 0
-    if beam_size > 1 and (sampling or top_k or top_p < 1.0):
-        raise ValueError(
-            f"{fn}: beam search (beam_size={beam_size}) is deterministic; it takes no "
-            f"temperature/top_k/top_p (got {temperature}, {top_k}, {top_p}). Use beam_size=1 "
-            "to sample."
+
+
+def check_strategy(
+    fn: str, config, strategy: Any, *, max_new_tokens: int, rng: Any, return_logits: bool
+) -> None:
+    """What a strategy cannot check alone: the vocabulary, the length, the key, the outputs.
+
+    Raises:
+      TypeError: `strategy` is not a `Greedy`, `Sample` or `Beam`.
+      ValueError: a top_k larger than the vocabulary; sampling without a PRNG key (or with
+        a malformed one); a beam length penalty that overflows float32 within
+        `max_new_tokens`; `return_logits` with beam search.
+    """
+    if not isinstance(strategy, STRATEGIES):
+        raise TypeError(
+            f"{fn}: strategy={strategy!r} must be Greedy(), Sample(temperature, top_k, top_p) "
+            "or Beam(size, length_penalty) (from flax_transformer), or None for the keywords."
         )
-    if not sampling and (top_k or top_p < 1.0):
+    vocab = config.output_vocab_size
+    if isinstance(strategy, Sample) and strategy.top_k > vocab:
+        raise ValueError(f"{fn}: top_k={strategy.top_k!r} must be an int in [0, {vocab}] (0: off).")
+    if isinstance(strategy, Sample) and rng is None:
         raise ValueError(
-            f"{fn}: top_k={top_k} / top_p={top_p} narrow the tokens a sample is drawn from; "
-            "they do nothing with greedy decoding (temperature=0). Pass temperature > 0 (and "
-            "rng) to sample, or leave top_k=0 and top_p=1.0."
+            f"{fn}: {strategy} samples and needs a PRNG key: pass rng=jax.random.key(0), or "
+            "Greedy() (temperature=0.0) for greedy decoding."
         )
-    if sampling and rng is None:
-        raise ValueError(
-            f"{fn}: temperature={temperature} samples and needs a PRNG key: pass "
-            "rng=jax.random.key(0), or temperature=0.0 for greedy decoding."
-        )
+    if isinstance(strategy, Beam):
+        check_penalty_range(fn, strategy.length_penalty, max_new_tokens)
+        if return_logits:
+            raise ValueError(
+                f"{fn}: return_logits=True is for beam_size=1 (one sequence per prompt): "
+                f"Greedy() or Sample(...), not {strategy}."
+            )
     if rng is not None:
         check_rng(fn, rng)
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _finite(fn: str, name: str, value: Any, what: str, low: float) -> None:
-    """ValueError unless `value` is a finite real number >= low (inf would tie every beam,
-    or flatten sampling to uniform over the vocabulary)."""
-    if not _is_real(value) or not math.isfinite(value):
-        raise ValueError(f"{fn}: {name}={value!r} must be a finite number {what}.")
-    if value < low:
-        raise ValueError(f"{fn}: {name}={value!r} must be {what}.")
-
-
-def _check_penalty_range(fn: str, alpha: float, max_new_tokens: int) -> None:
+def check_penalty_range(fn: str, alpha: float, max_new_tokens: int) -> None:
     """ValueError if the GNMT penalty ((5 + n) / 6) ** alpha overflows float32 for n <= N:
     every score would then be -0.0, and beam search would rank its hypotheses at random."""
+    if not _concrete(alpha):
+        return
     base = (LENGTH_PENALTY_BASE + max_new_tokens) / (LENGTH_PENALTY_BASE + 1.0)
     largest = math.log(float(np.finfo(np.float32).max)) / math.log(base)
     if alpha > largest:
