@@ -16,7 +16,7 @@ _LAYER_CHOICES = {
     "norm_position": ("pre", "post"),
     "norm": ("layernorm", "rmsnorm"),
     "activation": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
-    "attention_impl": ("xla", "jax_nn"),
+    "attention_impl": ("xla", "jax_nn", "splash", "cudnn"),
 }
 _CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned", "rope")}
 
@@ -63,6 +63,12 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
     for name, allowed in choices.items():
         if getattr(config, name) not in allowed:
             raise ValueError(f"{owner}.{name}={getattr(config, name)!r} is not one of {allowed}.")
+    if config.attention_impl in ("splash", "cudnn") and config.attention_dropout_rate:
+        raise ValueError(
+            f"{owner}.attention_impl={config.attention_impl!r} is a fused kernel with no "
+            f"dropout on the attention weights, but attention_dropout_rate="
+            f"{config.attention_dropout_rate}; set it to 0.0 or use attention_impl='xla'."
+        )
     kv_heads = config.num_kv_heads
     if kv_heads is not None:
         _check_positive(config, "num_kv_heads")
@@ -139,7 +145,7 @@ class LayerConfig:
     norm_bias: bool | None = None  # LayerNorm shift (RMSNorm has none); None = use_bias
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02  # normal init std of every projection kernel
-    attention_impl: str = "xla"  # 'xla' or 'jax_nn' (see TransformerConfig)
+    attention_impl: str = "xla"  # 'xla', 'jax_nn', 'splash' or 'cudnn' (see TransformerConfig)
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
     num_kv_heads: int | None = None  # key/value heads K (see TransformerConfig); None = num_heads
@@ -212,8 +218,11 @@ class TransformerConfig:
     # d_model ** -0.5 (0.0625 at d 256, the scale of Xavier/LeCun init that the Flax wmt
     # example and tensor2tensor use): attention starts nearly uniform.
     init_std: float = 0.02
-    # 'xla' (our vmapped attention) or 'jax_nn' (jax.nn.dot_product_attention; calls with
-    # attention dropout or a mutable 'intermediates' collection run 'xla', which has weights)
+    # 'xla' (our vmapped attention), 'jax_nn' (jax.nn.dot_product_attention; calls with
+    # attention dropout or a mutable 'intermediates' collection run 'xla', which has
+    # weights), 'splash' (Pallas flash attention, TPU; sequence lengths multiples of 128) or
+    # 'cudnn' (cuDNN flash attention, GPU). The fused two have no attention dropout and no
+    # weights: asking for either raises (layers/attention_op.py)
     attention_impl: str = "xla"
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype

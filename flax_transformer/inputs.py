@@ -11,13 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.functional import (
-    causal_mask,
-    combine_masks,
-    padding_mask,
-    segment_mask,
-    segment_positions,
-)
+from flax_transformer.functional import AttentionMask, segment_positions
 from flax_transformer.functional.checks import is_concrete, runtime_check
 
 
@@ -147,12 +141,15 @@ def check_positions(
 
 def self_attention_mask(
     tokens_BT: jax.Array, pad_id: int, causal: bool, segment_ids_BT: jax.Array | None = None
-) -> jax.Array:
-    """`(B, 1, T, T)`: keys that are not padding (and, if causal, not in the future; if
-    packed, in the query's own segment)."""
-    keys_B11T = padding_mask(tokens_BT, pad_id)
-    same_B1TT = None if segment_ids_BT is None else segment_mask(segment_ids_BT, segment_ids_BT)
-    return combine_masks(keys_B11T, causal_mask(tokens_BT.shape[1]) if causal else None, same_B1TT)
+) -> AttentionMask:
+    """Keys that are not padding (and, if causal, not in the future; if packed, in the
+    query's own segment), as an `AttentionMask`; `.dense(T, T)` is `(B, 1, T, T)`."""
+    return AttentionMask(
+        key_valid_BS=tokens_BT != pad_id,
+        q_segments_BT=segment_ids_BT,
+        kv_segments_BS=segment_ids_BT,
+        causal=causal,
+    )
 
 
 def cross_attention_mask(
@@ -160,20 +157,22 @@ def cross_attention_mask(
     pad_id: int,
     src_segment_ids_BS: jax.Array | None = None,
     tgt_segment_ids_BT: jax.Array | None = None,
-) -> jax.Array:
-    """`(B, 1, 1, S)` source keys that are not padding, or, when packed, `(B, 1, T, S)`:
-    target segment s reads source segment s only. Segment ids come both or neither."""
+) -> AttentionMask:
+    """Source keys that are not padding (`.dense` is `(B, 1, 1, S)`), or, when packed,
+    target segment s reads source segment s only (`(B, 1, T, S)`). Segment ids come both or
+    neither."""
     if (src_segment_ids_BS is None) != (tgt_segment_ids_BT is None):
         raise ValueError(
             "packed translation needs both src_segment_ids and tgt_segment_ids (target "
             "segment s reads source segment s), got only one; pass both or neither."
         )
-    keys_B11S = padding_mask(src_BS, pad_id)
-    if tgt_segment_ids_BT is None:
-        return keys_B11S
-    if src_segment_ids_BS.shape != src_BS.shape:
+    if src_segment_ids_BS is not None and src_segment_ids_BS.shape != src_BS.shape:
         raise ValueError(
             f"src_segment_ids must have the shape of src_tokens {src_BS.shape}, got "
             f"{src_segment_ids_BS.shape}; give one id per source token."
         )
-    return combine_masks(keys_B11S, segment_mask(tgt_segment_ids_BT, src_segment_ids_BS))
+    return AttentionMask(
+        key_valid_BS=src_BS != pad_id,
+        q_segments_BT=tgt_segment_ids_BT,
+        kv_segments_BS=src_segment_ids_BS,
+    )

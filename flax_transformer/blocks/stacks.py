@@ -33,53 +33,71 @@ from flax_transformer.layers import PositionalEncoding
 from flax_transformer.layers.initializers import partitioned
 
 
+def _one_input_layer(layer_cls: type[nn.Module], cached: bool) -> type[nn.Module]:
+    """`layer_cls` called as `(x, args, cache, deterministic)`: every per-layer input in one
+    tuple `args`, so the stack's call has the same four positions whatever the layer takes.
+
+    A subclass, not a wrapper module: the parameters keep the layer's own names and paths.
+    """
+
+    class OneInputLayer(layer_cls):
+        def __call__(self, x, args, cache, deterministic):
+            if cached:
+                return super().__call__(x, *args, cache=cache, deterministic=deterministic)
+            return super().__call__(x, *args, deterministic=deterministic)
+
+    OneInputLayer.__name__ = OneInputLayer.__qualname__ = layer_cls.__name__
+    return OneInputLayer
+
+
+# Positions in `OneInputLayer.__call__`, counting self: (self, x, args, cache, deterministic).
+_DETERMINISTIC_ARGNUM = 4
+
+
 def _stack(
     layer_cls: type[nn.Module],
     config: TransformerConfig,
     num_layers: int,
-    num_args: int,
     *,
     cached: bool = False,
     **layer_kwargs,
 ) -> Callable:
     """Build the layer stack: `nn.scan` over one stacked layer, or `num_layers` unrolled ones.
 
-    Returns a function `(x, *args, cache=None, deterministic=True) -> (x, cache)` to call
-    inside a compact module; the `num_args` args are the same for every layer. If `cached`,
-    each layer also takes its part of `cache` (a tree as in the module docstring, or None)
-    after them and returns it updated; the function reassembles the tree. Scanned params
-    live under 'layers' with a leading `(num_layers,)` axis; unrolled ones under
-    'layers_0', 'layers_1', ...
+    Returns a function `(x, args, cache=None, deterministic=True) -> (x, cache)` to call
+    inside a compact module; `args` is the tuple of per-layer inputs after `x`, in the
+    layer's own order, the same for every layer (`_one_input_layer`). If `cached`, each
+    layer also takes its part of `cache` (a tree as in the module docstring, or None) and
+    returns it updated; the function reassembles the tree. Scanned params live under
+    'layers' with a leading `(num_layers,)` axis; unrolled ones under 'layers_0', ...
 
-    The layers get `deterministic` as their last positional argument: `nn.scan` drops
-    keyword arguments without a word (dropout would silently stay off), and `nn.remat`
-    must see it as static (a Python bool, read in Python control flow).
+    The layers get `deterministic` positionally: `nn.scan` drops keyword arguments without
+    a word (dropout would silently stay off), and `nn.remat` must see it as static (a
+    Python bool, read in Python control flow).
     """
     layer_config = config.layer_config
-    deterministic_argnum = 1 + num_args + int(cached) + 1  # counting self as 0, then x
+    layer_cls = _one_input_layer(layer_cls, cached)
     if config.remat:
         layer_cls = nn.remat(
             layer_cls,
             prevent_cse=not config.scan_layers,
-            static_argnums=(deterministic_argnum,),
+            static_argnums=(_DETERMINISTIC_ARGNUM,),
         )
     if config.scan_layers:
         scanned = nn.scan(
             layer_cls,
             variable_axes={"params": 0, "intermediates": 0, "cache": 0},
             split_rngs={"params": True, "dropout": True},
-            # The per-layer cache is scanned over (axis 0 = layer); the returned caches
-            # are stacked back along the same axis. `deterministic` is broadcast.
-            in_axes=(nn.broadcast,) * num_args + ((0,) if cached else ()) + (nn.broadcast,),
+            # The per-layer inputs and `deterministic` are broadcast to every layer; the
+            # per-layer cache is scanned over (axis 0 = layer) and stacked back.
+            in_axes=(nn.broadcast, 0 if cached else nn.broadcast, nn.broadcast),
             length=num_layers,
             metadata_params={nn.PARTITION_NAME: axes.LAYERS},
         )(layer_config, name="layers", **layer_kwargs)
 
-        def run_scanned(x, *args, cache=None, deterministic=True):
-            if not cached:
-                return scanned(x, *args, deterministic)[0], None
+        def run_scanned(x, args, cache=None, deterministic=True):
             layer_cache = None if cache is None else cache["layers"]
-            x, layer_cache = scanned(x, *args, layer_cache, deterministic)
+            x, layer_cache = scanned(x, args, layer_cache, deterministic)
             return x, None if cache is None else {"layers": layer_cache}
 
         return run_scanned
@@ -87,14 +105,11 @@ def _stack(
         layer_cls(layer_config, name=f"layers_{i}", **layer_kwargs) for i in range(num_layers)
     ]
 
-    def run_unrolled(x, *args, cache=None, deterministic=True):
+    def run_unrolled(x, args, cache=None, deterministic=True):
         new_cache = None if cache is None else {}
         for i, layer in enumerate(layers):
-            if not cached:
-                x, _ = layer(x, *args, deterministic)
-                continue
             layer_cache = None if cache is None else cache[f"layers_{i}"]
-            x, layer_cache = layer(x, *args, layer_cache, deterministic)
+            x, layer_cache = layer(x, args, layer_cache, deterministic)
             if cache is not None:
                 new_cache[f"layers_{i}"] = layer_cache
         return x, new_cache
@@ -140,8 +155,8 @@ class Encoder(nn.Module):
         """
         cfg = self.config
         x_BSD = _embed_inputs("Encoder", cfg, self.embed, inputs, deterministic, positions_BS)
-        stack = _stack(EncoderLayer, cfg, cfg.encoder_layers, 2)
-        x_BSD, _ = stack(x_BSD, mask, positions_BS, deterministic=deterministic)
+        stack = _stack(EncoderLayer, cfg, cfg.encoder_layers)
+        x_BSD, _ = stack(x_BSD, (mask, positions_BS), deterministic=deterministic)
         if cfg.use_final_norm:
             x_BSD = make_layer_norm(cfg, "final_norm")(x_BSD)
         return x_BSD
@@ -199,23 +214,11 @@ class Decoder(nn.Module):
         cfg = self.config
         y_BTD = _embed_inputs("Decoder", cfg, self.embed, inputs, deterministic, positions_BT)
         stack = _stack(
-            DecoderLayer,
-            cfg,
-            cfg.decoder_layers,
-            5,
-            cached=True,
-            cross_attention=self.cross_attention,
+            DecoderLayer, cfg, cfg.decoder_layers, cached=True, cross_attention=self.cross_attention
         )
-        y_BTD, cache = stack(
-            y_BTD,
-            encoded_BSD,
-            self_mask,
-            cross_mask,
-            cache_index,
-            positions_BT,
-            cache=cache,
-            deterministic=deterministic,
-        )
+        # The per-layer inputs, in DecoderLayer's order after y.
+        args = (encoded_BSD, self_mask, cross_mask, cache_index, positions_BT)
+        y_BTD, cache = stack(y_BTD, args, cache=cache, deterministic=deterministic)
         if cfg.use_final_norm:
             y_BTD = make_layer_norm(cfg, "final_norm")(y_BTD)
         if self.embed is None:

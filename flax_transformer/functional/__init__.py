@@ -17,6 +17,7 @@ from flax_transformer.functional.attention import (
 from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
+    AttentionMask,
     causal_mask,
     combine_masks,
     padding_mask,
@@ -33,6 +34,7 @@ from flax_transformer.functional.positions import (
 from flax_transformer.functional.projection import project
 
 __all__ = [
+    "AttentionMask",
     "DEFAULT_ROPE_BASE",
     "LAYER_NORM_EPS",
     "MASK_RANKS",

@@ -18,6 +18,7 @@ from flax_transformer.functional.checks import (
     check_floating,
     check_number,
 )
+from flax_transformer.functional.masks import as_dense
 
 # Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
 # exp(MASK_VALUE - max) underflows to exactly 0, and unlike -inf it never produces NaN
@@ -65,8 +66,11 @@ def broadcast_mask(
         first axis of B, where a `(B, S)` padding mask and a `(T, S)` mask cannot be told
         apart; or it does not broadcast to `(B, N, T, S)`.
     """
-    mask = check_bool_mask(fn, mask)
     target = (batch, num_heads, q_len, kv_len)
+    mask = as_dense(mask, q_len, kv_len)
+    if mask is None:  # an AttentionMask that masks nothing
+        return jnp.ones(target, jnp.bool_)
+    mask = check_bool_mask(fn, mask)
     if mask.ndim not in MASK_RANKS:
         hint = {
             1: "for a key mask (S,) pass mask[None, :] (rank 2, (1, S))",
@@ -300,6 +304,7 @@ def grouped_heads_attention(
         )
     group = num_heads // num_kv_heads
     check_dropout(fn, dropout_rate)
+    mask = as_dense(mask, q_len, kv_len)
     if mask is not None:
         mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len, fn=fn)
         mask = mask.reshape(batch, num_kv_heads, group, q_len, kv_len)

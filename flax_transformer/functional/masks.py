@@ -5,6 +5,10 @@ or of rank 4, `(B|1, N|1, T, S)`. The builders here return shapes that combine i
 `causal_mask(T)` is `(T, T)`, `padding_mask` of `(B, S)` tokens is `(B, 1, 1, S)`, and
 `combine_masks` broadcasts them to `(B, 1, T, S)`.
 
+`AttentionMask` keeps the facts a mask is built from (padding keys, causal, segment ids)
+apart, for the kernels that take them so (`layers.attention_op`); `AttentionMask.dense()`
+is the bool array of the same mask.
+
 Packed sequences: several examples share one row, each token labelled with the segment id
 of its example (1, 2, ...; 0 is padding). `segment_mask` lets a query see only the keys of
 its own segment; AND it with the causal mask for a decoder, and use the target and source
@@ -13,6 +17,8 @@ segment ids together for cross-attention (target segment s sees source segment s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import operator
 
 import jax
@@ -140,3 +146,60 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     same_TS = q_segments[..., :, None] == k_segments[..., None, :]
     mask_TS = jnp.logical_and(same_TS, (k_segments != 0)[..., None, :])
     return mask_TS[:, None] if batched else mask_TS
+
+
+@functools.partial(
+    jax.tree_util.register_dataclass,
+    data_fields=("key_valid_BS", "q_segments_BT", "kv_segments_BS"),
+    meta_fields=("causal",),
+)
+@dataclasses.dataclass(frozen=True)
+class AttentionMask:
+    """A mask described by what builds it, not as a `(B, N, T, S)` array.
+
+    The models build their masks from three facts: which keys are padding, whether the
+    attention is causal, and (packed rows) which segment each query and key belongs to.
+    Kept apart, those facts are what fused kernels take (Pallas splash attention: a causal
+    flag and segment ids; cuDNN: a causal flag), and `dense()` gives the bool array the
+    reference attention reads, exactly `combine_masks(padding_mask, causal_mask,
+    segment_mask)`.
+
+    Attributes:
+      key_valid_BS: bool `(B, S)`, True for real keys (not padding); None: every key.
+      q_segments_BT: int `(B, T)` segment ids of the queries (0 = padding), or None (no
+        packing); given together with `kv_segments_BS`.
+      kv_segments_BS: int `(B, S)` segment ids of the keys, or None.
+      causal: query t sees keys s <= t only (self-attention, T == S).
+    """
+
+    key_valid_BS: jax.Array | None = None
+    q_segments_BT: jax.Array | None = None
+    kv_segments_BS: jax.Array | None = None
+    causal: bool = False
+
+    def dense(self, q_len: int, kv_len: int) -> jax.Array | None:
+        """The bool mask: `(B, 1, T, S)`, or `(T, S)` for a causal mask alone; None for none.
+
+        Args:
+          q_len, kv_len: T and S (needed when only `causal` is set).
+        """
+        if (self.q_segments_BT is None) != (self.kv_segments_BS is None):
+            raise ValueError(
+                "AttentionMask needs both q_segments_BT and kv_segments_BS, or neither."
+            )
+        if self.causal and q_len != kv_len:
+            raise ValueError(
+                f"a causal AttentionMask is for self-attention, T == S; got T={q_len}, S={kv_len}."
+            )
+        keys = None if self.key_valid_BS is None else self.key_valid_BS[:, None, None, :]
+        same = None
+        if self.q_segments_BT is not None:
+            same = segment_mask(self.q_segments_BT, self.kv_segments_BS)
+        return combine_masks(keys, causal_mask(q_len) if self.causal else None, same)
+
+
+def as_dense(mask, q_len: int, kv_len: int):
+    """A bool mask array (or None) of a mask that may be an `AttentionMask`."""
+    if isinstance(mask, AttentionMask):
+        return mask.dense(q_len, kv_len)
+    return mask

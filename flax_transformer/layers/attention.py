@@ -1,9 +1,15 @@
-"""MultiHeadAttention: fused projections for all heads around `functional.multi_head_attention`.
+"""MultiHeadAttention: fused projections for all heads, the KV cache, then one attention call.
 
-Seed 000: rather than N small (D, H) matrices per head, the projections for all heads are
-one big matrix. Self-attention uses one fused Q/K/V kernel `(D, 3, N, H)`; cross-attention
-a query kernel `(D, N, H)` and a fused key/value kernel `(D, 2, N, H)`. The output
-projection W_O is `(N, H, D)`.
+The layer does three things in turn: project the queries, keys and values of all heads
+(`_project_heads`), write or read the KV cache (`_update_cache`), and hand the heads to
+`layers.attention_op.attention_op`, the one place that picks the implementation; then it
+merges the heads with W_O (`_merge_heads`).
+
+Rather than N small (D, H) matrices per head, the projections for all heads are one big
+matrix (the paper §3.2.2 notes the heads cost about as much as one full-width head).
+Self-attention uses one fused Q/K/V kernel `(D, 3, N, H)`; cross-attention a query kernel
+`(D, N, H)` and a fused key/value kernel `(D, 2, N, H)`. The output projection W_O is
+`(N, H, D)`.
 
 Generation passes a per-layer KV cache in and gets it back (an explicit pytree, as Gemma
 does): self-attention writes this call's keys/values at each sequence's own slots and
@@ -34,14 +40,11 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import (
-    apply_rope,
-    broadcast_mask,
-    project,
-)
-from flax_transformer.functional.attention import check_dropout, grouped_heads_attention
+from flax_transformer.functional import apply_rope, project
+from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.checks import check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
+from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 
 
@@ -54,11 +57,13 @@ class MultiHeadAttention(nn.Module):
         True: keys and values come from `x_kv` (query kernel + fused K/V kernel).
       dropout_rate: dropout on the attention weights.
       use_bias: biases on the projections.
-      impl: 'xla' (our vmapped attention) or 'jax_nn' (`jax.nn.dot_product_attention`,
-        which may pick a fused kernel such as cuDNN flash attention). That function returns
-        no weights and has no attention dropout, so a 'jax_nn' call with dropout on, or with
-        the 'intermediates' collection mutable, runs our formula instead (same result, and
-        the weights are sown as with 'xla').
+      impl: the attention implementation, chosen in one place (`layers.attention_op`):
+        'xla' (our vmapped attention), 'jax_nn' (`jax.nn.dot_product_attention`; a call
+        with dropout on, or with the 'intermediates' collection mutable, runs our formula
+        instead: same result, weights sown), 'splash' (Pallas flash attention for TPUs;
+        masks as `AttentionMask`, lengths multiples of 128) or 'cudnn' (cuDNN flash
+        attention, GPU only). The fused 'splash' and 'cudnn' refuse attention dropout and a
+        mutable 'intermediates' collection with a ValueError.
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes (softmax in float32, or float64 for float64).
       num_kv_heads: K key/value heads, dividing N (grouped-query; 1: multi-query); None = N.
@@ -141,6 +146,48 @@ class MultiHeadAttention(nn.Module):
           `(B, T, D)` in `dtype`; with a `cache`, the pair `(output, updated cache)`.
         """
         fn = "MultiHeadAttention"
+        batch, q_len, width = self._check_call(fn, x_q, x_kv, cache)
+        head_dim = width // self.num_heads
+        q_BTNH, k_BSKH, v_BSKH = self._project_heads(x_q, x_kv, cache is not None)
+        if self.rope:
+            positions_BT = _rope_positions(positions_BT, cache_index, batch, q_len)
+            q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_base)
+            k_BSKH = apply_rope(k_BSKH, positions_BT, self.rope_base)
+        chex.assert_shape(q_BTNH, (batch, q_len, self.num_heads, head_dim))
+
+        kv_head_axis = 2
+        if cache is not None:
+            # Attend over the whole cache, head-major (B, K, L, H), read in place.
+            cache = self._update_cache(cache, k_BSKH, v_BSKH, cache_index)
+            chex.assert_equal_shape([cache["k"], cache["v"]])
+            chex.assert_shape(cache["k"], (batch, self._kv_heads, None, head_dim))
+            k_BSKH, v_BSKH, kv_head_axis = cache["k"], cache["v"], 1
+        else:
+            chex.assert_equal_shape([k_BSKH, v_BSKH])
+        use_dropout = not deterministic and self.dropout_rate > 0.0
+        out_BTNH, weights_BNTS = attention_op(
+            q_BTNH,
+            k_BSKH,
+            v_BSKH,
+            mask,
+            impl=self.impl,
+            kv_head_axis=kv_head_axis,
+            dropout_rate=self.dropout_rate,
+            dropout_rng=self.make_rng("dropout") if use_dropout else None,
+            need_weights=self.is_mutable_collection("intermediates"),
+            fn=fn,
+        )
+        if weights_BNTS is not None:
+            self.sow("intermediates", "attention_weights", weights_BNTS)
+        y_BTD = self._merge_heads(out_BTNH, width)
+        return y_BTD if cache is None else (y_BTD, cache)
+
+    @property
+    def _kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    def _check_call(self, fn, x_q, x_kv, cache) -> tuple[int, int, int]:
+        """Shapes, dtypes and head counts, before any parameter is made: `(B, T, D)`."""
         if jnp.ndim(x_q) != 3:
             raise ValueError(f"{fn}: x_q must be (B, T, D), got shape {jnp.shape(x_q)}.")
         check_floating(fn, "x_q", x_q)
@@ -151,116 +198,82 @@ class MultiHeadAttention(nn.Module):
         if width % self.num_heads:
             raise ValueError(f"num_heads={self.num_heads} does not divide the input width {width}.")
         check_dropout(fn, self.dropout_rate)
-        kv_heads = self.num_kv_heads or self.num_heads
-        if self.num_heads % kv_heads:
+        if self.num_heads % self._kv_heads:
             raise ValueError(
-                f"num_kv_heads={kv_heads} does not divide num_heads={self.num_heads}; pick a "
-                "divisor of num_heads."
+                f"num_kv_heads={self._kv_heads} does not divide num_heads={self.num_heads}; "
+                "pick a divisor of num_heads."
             )
         if self.rope and self.cross:
             raise ValueError(
                 "rope=True rotates self-attention only: cross-attention keys (the encoder's "
                 "positions) and queries live on different sequences; build with rope=False."
             )
-        head_dim = width // self.num_heads
-        nh = (self.num_heads, head_dim)
-        kh = (kv_heads, head_dim)
+        if self.cross and x_kv is None and cache is None:
+            raise ValueError("cross-attention needs x_kv (the encoder output).")
+        if not self.cross and x_kv is not None:
+            raise ValueError("self-attention takes no x_kv; build with cross=True.")
+        if x_kv is not None:
+            if jnp.ndim(x_kv) != 3 or x_kv.shape[0] != batch:
+                raise ValueError(
+                    f"{fn}: x_kv must be (B, S, D') with the queries' B={batch}, got shape "
+                    f"{jnp.shape(x_kv)}."
+                )
+            check_floating(fn, "x_kv", x_kv)
+        return batch, q_len, width
+
+    def _project_heads(self, x_q, x_kv, cached: bool):
+        """Queries `(B, T, N, H)` and this call's keys/values `(B, S, K, H)`.
+
+        Self-attention with K = N uses the fused Q/K/V kernel. A cross-attention call with
+        a cache and no `x_kv` has no new keys/values (they are in the cache): None, None.
+        """
+        width = x_q.shape[-1]
+        nh = (self.num_heads, width // self.num_heads)
+        kh = (self._kv_heads, width // self.num_heads)
         # K = N keeps the paper's parameter names and logical axes; fewer K/V heads get their
         # own axis name, which the sharding rules split only where K allows it.
-        kv_names = (axes.HEADS if kv_heads == self.num_heads else axes.KV_HEADS, axes.KV)
-        use_dropout = not deterministic and self.dropout_rate > 0.0
-        rng = self.make_rng("dropout") if use_dropout else None
-        if self.cross:
-            q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
-            if x_kv is not None:
-                if jnp.ndim(x_kv) != 3 or x_kv.shape[0] != batch:
-                    raise ValueError(
-                        f"{fn}: x_kv must be (B, S, D') with the queries' B={batch}, got shape "
-                        f"{jnp.shape(x_kv)}."
-                    )
-                check_floating(fn, "x_kv", x_kv)
-                kv_BS2KH = self._project("kv", x_kv, (2, *kh), (axes.QKV, *kv_names))
-                k_BSKH, v_BSKH = kv_BS2KH[:, :, 0], kv_BS2KH[:, :, 1]
-                if cache is not None:
-                    cache = {
-                        "k": _heads_major(k_BSKH).astype(cache["k"].dtype),
-                        "v": _heads_major(v_BSKH).astype(cache["v"].dtype),
-                    }
-            elif cache is None:
-                raise ValueError("cross-attention needs x_kv (the encoder output).")
-        else:
-            if x_kv is not None:
-                raise ValueError("self-attention takes no x_kv; build with cross=True.")
-            if kv_heads == self.num_heads:
-                qkv_BT3NH = self._project("qkv", x_q, (3, *nh), (axes.QKV, axes.HEADS, axes.KV))
-                q_BTNH, k_BSKH, v_BSKH = (qkv_BT3NH[:, :, i] for i in range(3))
-            else:
-                q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
-                kv_BT2KH = self._project("kv", x_q, (2, *kh), (axes.QKV, *kv_names))
-                k_BSKH, v_BSKH = kv_BT2KH[:, :, 0], kv_BT2KH[:, :, 1]
-            if self.rope:
-                positions_BT = _rope_positions(positions_BT, cache_index, batch, q_len)
-                q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_base)
-                k_BSKH = apply_rope(k_BSKH, positions_BT, self.rope_base)
-            if cache is not None:
-                cache = _write_cache(cache, k_BSKH, v_BSKH, cache_index)
-        chex.assert_shape(q_BTNH, (batch, q_len, *nh))
+        kv_names = (axes.HEADS if kh[0] == nh[0] else axes.KV_HEADS, axes.KV)
+        if not self.cross and kh[0] == nh[0]:
+            qkv_BT3NH = self._project("qkv", x_q, (3, *nh), (axes.QKV, axes.HEADS, axes.KV))
+            return tuple(qkv_BT3NH[:, :, i] for i in range(3))
+        q_BTNH = self._project("query", x_q, nh, (axes.HEADS, axes.KV))
+        source = x_q if not self.cross else x_kv
+        if source is None:
+            return q_BTNH, None, None
+        kv_BS2KH = self._project("kv", source, (2, *kh), (axes.QKV, *kv_names))
+        return q_BTNH, kv_BS2KH[:, :, 0], kv_BS2KH[:, :, 1]
 
-        if cache is not None:
-            chex.assert_equal_shape([cache["k"], cache["v"]])
-            chex.assert_shape(cache["k"], (batch, kv_heads, None, head_dim))
-            out_BTNH, weights_BNTS = grouped_heads_attention(
-                q_BTNH,
-                cache["k"],
-                cache["v"],
-                mask,
-                kv_head_axis=1,
-                dropout_rate=self.dropout_rate,
-                dropout_rng=rng,
-                fn=fn,
-            )
-            self.sow("intermediates", "attention_weights", weights_BNTS)
-        elif (
-            self.impl == "jax_nn"
-            and not use_dropout
-            and not self.is_mutable_collection("intermediates")
-        ):
-            chex.assert_equal_shape([k_BSKH, v_BSKH])
-            if mask is not None:
-                mask = broadcast_mask(mask, batch, self.num_heads, q_len, k_BSKH.shape[1], fn=fn)
-            # It groups query heads over K < N key/value heads as we do (i // (N // K)).
-            out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask)
-        else:
-            chex.assert_equal_shape([k_BSKH, v_BSKH])
-            out_BTNH, weights_BNTS = grouped_heads_attention(
-                q_BTNH,
-                k_BSKH,
-                v_BSKH,
-                mask,
-                kv_head_axis=2,
-                dropout_rate=self.dropout_rate,
-                dropout_rng=rng,
-                fn=fn,
-            )
-            self.sow("intermediates", "attention_weights", weights_BNTS)
+    def _update_cache(self, cache, k_BSKH, v_BSKH, cache_index):
+        """The layer's cache after this call: self-attention writes this call's keys/values
+        at each sequence's slots; cross-attention stores the encoder's once (when given)."""
+        if not self.cross:
+            return _write_cache(cache, k_BSKH, v_BSKH, cache_index)
+        if k_BSKH is None:
+            return cache
+        return {
+            "k": _heads_major(k_BSKH).astype(cache["k"].dtype),
+            "v": _heads_major(v_BSKH).astype(cache["v"].dtype),
+        }
 
+    def _merge_heads(self, out_BTNH, width: int) -> jax.Array:
+        """Concatenate the heads, then one `(N*H, D)` matmul with W_O (the paper §3.2.2)."""
+        batch, q_len, num_heads, head_dim = out_BTNH.shape
         w_out = self.param(
             "out_kernel",
             partitioned(nn.initializers.normal(self.init_std), (axes.HEADS, axes.KV, axes.EMBED)),
-            (*nh, width),
+            (num_heads, head_dim, width),
             self.param_dtype,
         )
-        # Concatenate the heads, then one (N*H, D) matmul (the paper §3.2.2). Merging (N, H)
-        # into one axis is free for the kernel; contracting over two axes instead made XLA
-        # transpose the kernel on every decoding step.
-        concat_BTK = out_BTNH.reshape(batch, q_len, width).astype(self.dtype)
-        y_BTD = project(concat_BTK, w_out.reshape(width, width).astype(self.dtype))
+        # Merging (N, H) into one axis is free for the kernel; contracting over two axes
+        # instead made XLA transpose the kernel on every decoding step.
+        concat_BTK = out_BTNH.reshape(batch, q_len, num_heads * head_dim).astype(self.dtype)
+        y_BTD = project(concat_BTK, w_out.reshape(num_heads * head_dim, width).astype(self.dtype))
         if self.use_bias:
             b_out = self.param(
                 "out_bias", partitioned(zeros_init, (axes.EMBED,)), (width,), self.param_dtype
             )
             y_BTD = y_BTD + b_out.astype(self.dtype)
-        return y_BTD if cache is None else (y_BTD, cache)
+        return y_BTD
 
 
 def _heads_major(x_BSKH: jax.Array) -> jax.Array:
