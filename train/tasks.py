@@ -26,6 +26,7 @@ from flax_transformer import (
 from train import batching, decoding, distributed, packing
 from train.batching import WHOLE_BATCH, RowShare
 from train.decoding import DecodeOptions, sample_text
+from train.tokenizer import NUM_SPECIAL_IDS
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -120,6 +121,12 @@ class Task:
         """The padded length a tokenized example needs (see `batching`)."""
         raise NotImplementedError
 
+    def synthetic_example(self, length: int):
+        """A tokenized example of padded length `length` (every id the first ordinary piece):
+        `batches` of it have the shapes and keys of real batches, without reading data
+        (`train.compile` builds its abstract batches so)."""
+        raise NotImplementedError
+
     def batches(
         self,
         config: ml_collections.ConfigDict,
@@ -201,6 +208,9 @@ class TranslationTask(Task):
 
     def example_length(self, example):
         return batching.pair_length(example)
+
+    def synthetic_example(self, length):
+        return [NUM_SPECIAL_IDS] * length, [NUM_SPECIAL_IDS] * (length - 1)
 
     def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
         if config.packing == "segments" and not evaluation:
@@ -310,6 +320,9 @@ class LanguageModelTask(Task):
 
     def example_length(self, example):
         return batching.document_length(example)
+
+    def synthetic_example(self, length):
+        return [NUM_SPECIAL_IDS] * (length - 1)
 
     def batches(self, config, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False):
         if config.packing == "stream":  # validation too: its lines need not fit max_len
