@@ -272,6 +272,19 @@ def eval_step(
     return _token_metrics(logits, labels, nll, weights)
 
 
+def _under_rules(step: Callable, mesh: jax.sharding.Mesh, rules) -> Callable:
+    """`step` traced with the mesh and the logical axis rules in scope, so that the model's
+    activation constraints (`nn.with_logical_constraint`: batch rows over data x fsdp) hold;
+    without them those calls do nothing and XLA may choose to gather the batch."""
+
+    @functools.wraps(step)
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return step(*args)
+
+    return traced
+
+
 def jit_steps(
     model: nn.Module,
     task: Task,
@@ -300,23 +313,28 @@ def jit_steps(
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = sharding_lib.batch_sharding(mesh)
     replicated = sharding_lib.replicated(mesh)
+    rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
     train = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            task=task,
-            tx=tx,
-            label_smoothing=label_smoothing,
-            rng_impl=rng_impl,
-            target_token_dropout=target_token_dropout,
-            unk_id=unk_id,
+        _under_rules(
+            functools.partial(
+                train_step,
+                model=model,
+                task=task,
+                tx=tx,
+                label_smoothing=label_smoothing,
+                rng_impl=rng_impl,
+                target_token_dropout=target_token_dropout,
+                unk_id=unk_id,
+            ),
+            mesh,
+            rules,
         ),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model, task=task),
+        _under_rules(functools.partial(eval_step, model=model, task=task), mesh, rules),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=replicated,
     )
