@@ -222,6 +222,11 @@ def test_collectives_in_a_loop_count_once_per_iteration():
     assert found["all-reduce"] == {"count": 6, "bytes": 6 * 8 * 4}  # -done only: not twice
     assert found["reduce-scatter"] == {"count": 1, "bytes": 4 * 2 * 2}
     assert found["all-to-all"] == found["collective-permute"] == {"count": 0, "bytes": 0}
+    # XLA's own loops (e.g. a matmul split into steps with collective-permutes) count in u32.
+    unsigned, exact = compile_costs.collectives(
+        LOOP_HLO.replace("s32[] constant", "u32[] constant")
+    )
+    assert exact and unsigned == found
     unknown, exact = compile_costs.collectives(LOOP_HLO.replace("direction=LT", "direction=NE"))
     assert not exact and unknown["all-gather"]["count"] == 1
 

@@ -45,6 +45,7 @@ flags.DEFINE_string(
     "topology", None, "TPU topology to compile for: v5e:2x2, v5e:16x16, v4:2x2x2, v5p:4x4x4, ..."
 )
 flags.DEFINE_string("json", None, "Also write the figures to this JSON file.")
+flags.DEFINE_string("hlo", None, "Also write the compiled train step's HLO text to this file.")
 
 _GiB = 2**30
 
@@ -99,7 +100,8 @@ def _step_lines(report: TopologyReport) -> list[str]:
     if train.loops:
         lines.append(
             "  (XLA's cost analysis counts a while loop's body once: with nn.scan over layers "
-            "its FLOPs and bytes cover one layer)"
+            "its FLOPs and bytes cover one layer, and the bound below is low; "
+            "--config.model.scan_layers=False compiles the same step with every layer counted)"
         )
     lines += [
         f"step time >= {report.step_time_lower_bound_s * 1e3:.4g} ms = max(FLOPs per chip "
@@ -177,13 +179,18 @@ def main(argv: list[str]) -> None:
     except ValueError as err:
         die(str(err), USAGE_ERROR)
     print(format_report(report), flush=True)
-    if FLAGS.json:
+    outputs = {"json": json.dumps(report.summary(), indent=2) + "\n"}
+    if report.train is not None:
+        outputs["hlo"] = report.train.hlo
+    for flag, text in outputs.items():
+        path = getattr(FLAGS, flag)
+        if not path:
+            continue
         try:
-            with open(FLAGS.json, "w", encoding="utf-8") as file:
-                json.dump(report.summary(), file, indent=2)
-                file.write("\n")
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(text)
         except OSError as err:
-            die(f"--json {FLAGS.json}: {err.strerror or err} ; choose a writable path", RUN_ERROR)
+            die(f"--{flag} {path}: {err.strerror or err} ; choose a writable path", RUN_ERROR)
     if not report.fits:
         die(_advice(report), RUN_ERROR)
 
@@ -191,6 +198,9 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Entry point: jax on the CPU (the TPU is a compile target only), then flags and main."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # libtpu locks /tmp/libtpu_lockfile for the TPU chips of its process, so a second
+    # compile at the same time (pytest -n 2) would fail; compile-only devices open no chip.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     define_config_flag(sys.argv)
     app.run(main, flags_parser=parse_config_flags)
 

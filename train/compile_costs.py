@@ -111,7 +111,7 @@ _CALLEE = re.compile(
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _WHILE = re.compile(r"\swhile\(.*\bcondition=%([\w.\-]+),\s*body=%([\w.\-]+)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_LOOP_BOUND = re.compile(r"\bs32\[\]\S*\s+constant\((\d+)\)")
+_LOOP_BOUND = re.compile(r"\b[su](?:32|64)\[\]\S*\s+constant\((\d+)\)")
 
 
 def _shape_bytes(shape: str) -> int:

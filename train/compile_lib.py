@@ -133,6 +133,7 @@ class StepCost:
         collectives_exact: False when a loop's trip count could not be read.
         loops: whether the program has while loops.
         compile_s: seconds to trace, lower and compile.
+        hlo: the compiled program's HLO text.
     """
 
     bytes: dict[str, int]
@@ -143,6 +144,7 @@ class StepCost:
     collectives_exact: bool
     loops: bool
     compile_s: float
+    hlo: str = dataclasses.field(repr=False, default="")
 
 
 class OutOfMemory(Exception):
@@ -196,6 +198,7 @@ def _compile(jitted, *args) -> StepCost:
         collectives_exact=exact,
         loops=" while(" in hlo,
         compile_s=seconds,
+        hlo=hlo,
     )
 
 
@@ -219,12 +222,9 @@ class TopologyReport:
 
     @property
     def needed_bytes(self) -> int:
-        """The larger step's total bytes per chip (0 when XLA refused one)."""
-        return (
-            max(step.bytes["total"] for step in (self.train, self.eval) if step)
-            if (self.train)
-            else 0
-        )
+        """The larger total bytes per chip of the steps XLA compiled (0: neither)."""
+        steps = [step for step in (self.train, self.eval) if step is not None]
+        return max((step.bytes["total"] for step in steps), default=0)
 
     @property
     def fits(self) -> bool:
