@@ -187,9 +187,15 @@ def test_abstract_batch_has_the_batcher_shapes():
     assert all(v.sharding == sharding.batch_sharding(mesh) for v in train.values())
 
 
-# A module in XLA's HLO text format: a while loop of 6 iterations whose body gathers and
+# A module in XLA's HLO text format: a while loop of 6 iterations whose body gathers (in two
+# pieces of one collective, as TPU's asynchronous collective fusions split it) and
 # (asynchronously) sums, and a reduce-scatter after it.
 LOOP_HLO = """HloModule loop
+
+%piece (param_0: f32[8]) -> f32[16] {
+  %param_0 = f32[8]{0} parameter(0)
+  ROOT %all-gather.4 = f32[16]{0} all-gather(%param_0), channel_id=1, dimensions={0}
+}
 
 %cond (p.0: (s32[], f32[8])) -> pred[] {
   %p.0 = (s32[], f32[8]{0}) parameter(0)
@@ -202,6 +208,7 @@ LOOP_HLO = """HloModule loop
   %p.1 = (s32[], f32[8]{0}) parameter(0)
   %x = f32[8]{0} get-tuple-element(%p.1), index=1
   %all-gather.1 = f32[16]{0} all-gather(%x), channel_id=1, replica_groups={{0,1}}, dimensions={0}
+  %fusion.5 = f32[16]{0} fusion(%x), kind=kCustom, calls=%piece
   %all-reduce-start.2 = f32[8]{0} all-reduce-start(%x), channel_id=2, to_apply=%sum
   %all-reduce-done.2 = f32[8]{0} all-reduce-done(%all-reduce-start.2)
   ROOT %t.1 = (s32[], f32[8]{0}) tuple(%i.1, %all-reduce-done.2)
@@ -215,7 +222,7 @@ ENTRY %main (a: f32[8]) -> bf16[4,2] {
 """
 
 
-def test_collectives_in_a_loop_count_once_per_iteration():
+def test_collectives_count_once_per_loop_iteration():
     found, exact = compile_costs.collectives(LOOP_HLO)
     assert exact
     assert found["all-gather"] == {"count": 6, "bytes": 6 * 16 * 4}

@@ -110,6 +110,7 @@ _CALLEE = re.compile(
 )
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _WHILE = re.compile(r"\swhile\(.*\bcondition=%([\w.\-]+),\s*body=%([\w.\-]+)")
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _LOOP_BOUND = re.compile(r"\b[su](?:32|64)\[\]\S*\s+constant\((\d+)\)")
 
@@ -158,7 +159,10 @@ def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
 
     Bytes are each collective's result per chip (an all-gather's gathered array, a
     reduce-scatter's shard), summed. A collective inside a while loop (the layers of
-    `scan_layers=True`) counts once per iteration.
+    `scan_layers=True`) counts once per iteration. XLA may split one collective into
+    pieces in several fusions (TPU's asynchronous collective fusions), each holding the
+    whole instruction: pieces with the same `channel_id` within one loop iteration count
+    once.
 
     Args:
         hlo_text: the compiled program's HLO text (`jax.stages.Compiled.as_text()`).
@@ -168,37 +172,49 @@ def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
         False when a loop's trip count could not be read (its collectives counted once).
     """
     computations, entry = _computations(hlo_text)
-    totals: dict[str, dict[str, tuple[dict[str, list[int]], bool]]] = {}
+    loops: dict[str, tuple[dict[str, list[int]], bool]] = {}
 
-    def visit(name: str) -> tuple[dict[str, list[int]], bool]:
-        if name in totals:
-            return totals[name]
+    def per_iteration(root: str) -> tuple[dict[str, list[int]], bool]:
+        """The collectives of one run of `root`, the loops it starts included."""
+        if root in loops:
+            return loops[root]
         found = {kind: [0, 0] for kind in COLLECTIVES}
-        exact = True
-        for line in computations.get(name, []):
-            instruction = _INSTRUCTION.match(line)
-            if instruction:
-                kind = found[instruction.group(2)]
-                kind[0] += 1
-                kind[1] += _shape_bytes(instruction.group(1))
-            callees = [(callee, 1) for _, callee in _CALLEE.findall(line)]
-            loop = _WHILE.search(line)
-            if loop:
-                trips = _trip_count(line, computations.get(loop.group(1), []))
-                exact &= trips is not None
-                callees = [(c, trips or 1) if c == loop.group(2) else (c, 1) for c, _ in callees]
-            for branches in _BRANCHES.findall(line):
-                callees += [(b.strip().lstrip("%"), 1) for b in branches.split(",")]
-            for callee, times in callees:
-                inner, inner_exact = visit(callee)
-                exact &= inner_exact
-                for kind, (count, size) in inner.items():
-                    found[kind][0] += times * count
-                    found[kind][1] += times * size
-        totals[name] = (found, exact)
-        return totals[name]
+        pieces: dict[str, tuple[str, int]] = {}  # channel (or line) -> kind, bytes
+        exact, walked, pending = True, set(), [root]
+        while pending:
+            name = pending.pop()
+            if name in walked:
+                continue
+            walked.add(name)
+            for number, line in enumerate(computations.get(name, [])):
+                instruction = _INSTRUCTION.match(line)
+                if instruction:
+                    channel = _CHANNEL.search(line)
+                    key = channel.group(1) if channel else f"{name}:{number}"
+                    pieces.setdefault(
+                        key, (instruction.group(2), _shape_bytes(instruction.group(1)))
+                    )
+                callees = [callee for _, callee in _CALLEE.findall(line)]
+                for branches in _BRANCHES.findall(line):
+                    callees += [b.strip().lstrip("%") for b in branches.split(",")]
+                loop = _WHILE.search(line)
+                if loop:  # its body runs `trips` times, each a scope of its own
+                    condition, body = loop.groups()
+                    trips = _trip_count(line, computations.get(condition, []))
+                    inner, inner_exact = per_iteration(body)
+                    exact &= inner_exact and trips is not None
+                    for kind, (count, size) in inner.items():
+                        found[kind][0] += (trips or 1) * count
+                        found[kind][1] += (trips or 1) * size
+                    callees = [c for c in callees if c not in (condition, body)]
+                pending += callees
+        for kind, size in pieces.values():
+            found[kind][0] += 1
+            found[kind][1] += size
+        loops[root] = (found, exact)
+        return loops[root]
 
-    found, exact = visit(entry)
+    found, exact = per_iteration(entry)
     return {kind: {"count": c, "bytes": b} for kind, (c, b) in found.items()}, exact
 
 
