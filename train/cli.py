@@ -1,5 +1,6 @@
 """What the command-line programs share: the two kinds of failure and their exit statuses,
-one-line errors, and quiet library logs.
+one-line errors, quiet library logs, and the experiment config flag (`--config FILE` and
+`--config.<field>=value` overrides, read by train.main and train.compile).
 
 A usage error (a bad flag, config value or data file) is the caller's to fix before running
 again: `ValueError`, `FileNotFoundError`, exit status 2 (`USAGE_ERROR`). A run failure
@@ -11,6 +12,9 @@ checkpoint, a work directory locked by another run): `RunFailure`, exit status 1
 from __future__ import annotations
 
 import logging
+import os
+import pathlib
+import re
 import sys
 import traceback
 import warnings
@@ -23,6 +27,9 @@ _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 # Where a failed checkpoint write logs its error again from every worker thread, with
 # tracebacks (dozens of lines); the error itself reaches the program and is reported once.
 _ERROR_ECHOES = ("/orbax/", "/asyncio/")
+
+# The experiment config of a program run without --config.
+DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
 
 # Exit statuses: a mistake on the command line, config or data (as absl's usage errors), or a
 # run that failed after it started (RunFailure, an I/O error).
@@ -103,3 +110,78 @@ def parse_flags(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except flags.Error as err:
         die(f"{err} ; see --helpshort for the flags.", USAGE_ERROR)
+
+
+def _override_error(err: Exception, argv: list[str]) -> str:
+    """A readable message for an override of a field the config does not have."""
+    text = str(err).replace("\\", "")  # ml_collections nests the quoted name in reprs
+    found = re.search(r"'([A-Za-z_]\w*)", text)
+    field = found.group(1) if found else text
+    culprits = [a for a in argv if a.lstrip("-").startswith("config.") and field in a]
+    shown = culprits[0] if culprits else f"--config.{field}"
+    hint = re.search(r'Did you mean "(\w+)"', text)
+    return (
+        f"{shown}: the config has no field '{field}'"
+        + (f" (did you mean '{hint.group(1)}'?)" if hint else "")
+        + ". See the fields and their comments in configs/default.py (or the --config file)."
+    )
+
+
+def _config_path(argv: list[str]) -> str:
+    """The --config file named on the command line (`--config X` or `--config=X`)."""
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-config") and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(("--config=", "-config=")):
+            return arg.split("=", 1)[1]
+    return DEFAULT_CONFIG
+
+
+def config_file_error(err: Exception, argv: list[str]) -> str:
+    """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
+    path = _config_path(argv)
+    fix = "pass a config file such as --config configs/default.py"
+    if isinstance(err, SyntaxError):
+        return (
+            f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
+            "fix the file, or " + fix
+        )
+    file = pathlib.Path(path)
+    if not file.exists():
+        return f"--config {path}: no such file ; check the path, or {fix}"
+    if file.is_dir():
+        return f"--config {path}: is a directory, not a file ; {fix}"
+    if not os.access(file, os.R_OK):
+        return f"--config {path}: cannot be read (permission denied) ; fix its permissions"
+    what = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
+
+
+def define_config_flag(argv: list[str]) -> None:
+    """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
+
+    ml_collections applies `--config.x=...` overrides while the flag is defined (default
+    config) or parsed (--config given); both raise AttributeError/KeyError for an unknown
+    field, which becomes a one-line message here.
+    """
+    from ml_collections import config_flags
+
+    try:
+        config_flags.DEFINE_config_file(
+            "config", DEFAULT_CONFIG, "Experiment config file (configs/*.py).", lock_config=True
+        )
+    except (AttributeError, KeyError) as err:
+        die(_override_error(err, argv), USAGE_ERROR)
+
+
+def parse_config_flags(argv: list[str]) -> list[str]:
+    """`parse_flags` for a program with `define_config_flag`: a bad --config file or
+    `--config.<field>` override is one line too."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as err:
+        die(_override_error(err, argv), USAGE_ERROR)
+    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
+        die(config_file_error(err, argv), USAGE_ERROR)
+    except flags.Error as err:
+        die(str(err), USAGE_ERROR)

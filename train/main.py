@@ -20,16 +20,21 @@ traceback and the libraries' own logs.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import re
 import sys
 
 from absl import app, flags, logging
 
-from train.cli import RUN_ERROR, USAGE_ERROR, die, quiet_library_logs
+from train.cli import (
+    RUN_ERROR,
+    USAGE_ERROR,
+    config_file_error,
+    define_config_flag,
+    die,
+    parse_config_flags,
+    quiet_library_logs,
+)
 
-DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
 DEFAULT_WORKDIR = "runs/default"
 
 FLAGS = flags.FLAGS
@@ -48,80 +53,6 @@ flags.DEFINE_integer(
 )
 
 
-def _override_error(err: Exception, argv: list[str]) -> str:
-    """A readable message for an override of a field the config does not have."""
-    text = str(err).replace("\\", "")  # ml_collections nests the quoted name in reprs
-    found = re.search(r"'([A-Za-z_]\w*)", text)
-    field = found.group(1) if found else text
-    culprits = [a for a in argv if a.lstrip("-").startswith("config.") and field in a]
-    shown = culprits[0] if culprits else f"--config.{field}"
-    hint = re.search(r'Did you mean "(\w+)"', text)
-    return (
-        f"{shown}: the config has no field '{field}'"
-        + (f" (did you mean '{hint.group(1)}'?)" if hint else "")
-        + ". See the fields and their comments in configs/default.py (or the --config file)."
-    )
-
-
-def _config_path(argv: list[str]) -> str:
-    """The --config file named on the command line (`--config X` or `--config=X`)."""
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-config") and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(("--config=", "-config=")):
-            return arg.split("=", 1)[1]
-    return DEFAULT_CONFIG
-
-
-def _config_file_error(err: Exception, argv: list[str]) -> str:
-    """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
-    path = _config_path(argv)
-    fix = "pass a config file such as --config configs/default.py"
-    if isinstance(err, SyntaxError):
-        return (
-            f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
-            "fix the file, or " + fix
-        )
-    file = pathlib.Path(path)
-    if not file.exists():
-        return f"--config {path}: no such file ; check the path, or {fix}"
-    if file.is_dir():
-        return f"--config {path}: is a directory, not a file ; {fix}"
-    if not os.access(file, os.R_OK):
-        return f"--config {path}: cannot be read (permission denied) ; fix its permissions"
-    what = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
-
-
-def define_config_flag(argv: list[str]) -> None:
-    """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
-
-    ml_collections applies `--config.x=...` overrides while the flag is defined (default
-    config) or parsed (--config given); both raise AttributeError/KeyError for an unknown
-    field, which becomes a one-line message here.
-    """
-    from ml_collections import config_flags
-
-    try:
-        config_flags.DEFINE_config_file(
-            "config", DEFAULT_CONFIG, "Experiment config file (configs/*.py).", lock_config=True
-        )
-    except (AttributeError, KeyError) as err:
-        die(_override_error(err, argv), USAGE_ERROR)
-
-
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with one-line errors instead of tracebacks."""
-    try:
-        return FLAGS(argv)
-    except (AttributeError, KeyError) as err:
-        die(_override_error(err, argv), USAGE_ERROR)
-    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
-        die(_config_file_error(err, argv), USAGE_ERROR)
-    except flags.Error as err:
-        die(str(err), USAGE_ERROR)
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         die(f"unexpected arguments {argv[1:]} ; use --flag=value.", USAGE_ERROR)
@@ -129,7 +60,7 @@ def main(argv: list[str]) -> None:
     try:
         config.lock  # an unreadable config file raises when first touched  # noqa: B018
     except (OSError, SyntaxError) as err:
-        die(_config_file_error(err, sys.argv), USAGE_ERROR)
+        die(config_file_error(err, sys.argv), USAGE_ERROR)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
     from train import distributed
@@ -172,7 +103,7 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     """Entry point: define the config flag, then let absl parse flags and call main."""
     define_config_flag(sys.argv)
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=parse_config_flags)
 
 
 if __name__ == "__main__":

@@ -107,6 +107,54 @@ class TrainState:
     rng: jax.Array
 
 
+def _boxed_init(model: nn.Module, task: Task, tx, seed: int, rng_impl: str):
+    """The function computing the step-0 TrainState, parameters still boxed with their
+    logical axis names."""
+
+    def init_boxed() -> TrainState:
+        variables = model.init(jax.random.key(seed), *task.init_inputs())
+        dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), 1)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=variables["params"],
+            opt_state=tx.init(variables["params"]),
+            rng=jax.random.key_data(dropout_key),
+        )
+
+    return init_boxed
+
+
+def train_state_shapes(
+    model: nn.Module,
+    task: Task,
+    tx: optax.GradientTransformation,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    rng_impl: str,
+) -> TrainState:
+    """The TrainState's shapes, dtypes and placement on `mesh`, without computing it.
+
+    Parameters carry logical axis names; optimizer moments built from them inherit the names,
+    so both are placed by `flax_transformer.sharding.model_rules` (replicated on a pure data
+    mesh). Scalars and the PRNG key are replicated. `jit_steps` accepts this in place of a
+    real state (ahead-of-time compilation, `train.compile`).
+
+    Args:
+        model, task, tx, mesh, seed, rng_impl: as in `create_train_state`.
+
+    Returns:
+        A TrainState of `jax.ShapeDtypeStruct` leaves, each with its NamedSharding.
+    """
+    boxed = jax.eval_shape(_boxed_init(model, task, tx, seed, rng_impl))
+    rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    return jax.tree.map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        nn.unbox(boxed),
+        shardings,
+    )
+
+
 def create_train_state(
     model: nn.Module,
     task: Task,
@@ -117,9 +165,7 @@ def create_train_state(
 ) -> TrainState:
     """Initial state, created directly in its placement on the mesh (one compiled program).
 
-    Parameters carry logical axis names; optimizer moments built from them inherit the names,
-    so both are placed by `flax_transformer.sharding.model_rules` (replicated on a pure data
-    mesh). Scalars and the PRNG key are replicated.
+    The placement is `train_state_shapes`'s.
 
     Args:
         model: the flax module.
@@ -132,20 +178,10 @@ def create_train_state(
     Returns:
         The TrainState at step 0, each leaf with its NamedSharding.
     """
-
-    def init_boxed() -> TrainState:
-        variables = model.init(jax.random.key(seed), *task.init_inputs())
-        dropout_key = jax.random.fold_in(jax.random.key(seed, impl=rng_impl), 1)
-        return TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=variables["params"],
-            opt_state=tx.init(variables["params"]),
-            rng=jax.random.key_data(dropout_key),
-        )
-
-    specs = nn.get_partition_spec(jax.eval_shape(init_boxed))
+    shapes = train_state_shapes(model, task, tx, mesh, seed, rng_impl)
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, shapes)
+    init_boxed = _boxed_init(model, task, tx, seed, rng_impl)
     rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
-    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
     with nn.logical_axis_rules(rules):
         return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
 
@@ -236,6 +272,19 @@ def eval_step(
     return _token_metrics(logits, labels, nll, weights)
 
 
+def _under_rules(step: Callable, mesh: jax.sharding.Mesh, rules) -> Callable:
+    """`step` traced with the mesh and the logical axis rules in scope, so that the model's
+    activation constraints (`nn.with_logical_constraint`: batch rows over data x fsdp) hold;
+    without them those calls do nothing and XLA may choose to gather the batch."""
+
+    @functools.wraps(step)
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return step(*args)
+
+    return traced
+
+
 def jit_steps(
     model: nn.Module,
     task: Task,
@@ -254,6 +303,7 @@ def jit_steps(
     The train step donates the state (its buffers are reused for the new state).
 
     Args:
+        state: the TrainState, or its `train_state_shapes` (only its shardings are read).
         share: the rows of each global batch that this process's numpy batches hold
             (`train.distributed.batch_row_share`); all of them in a single process.
 
@@ -263,23 +313,28 @@ def jit_steps(
     state_shardings = jax.tree.map(lambda x: x.sharding, state)
     batch_sharding = sharding_lib.batch_sharding(mesh)
     replicated = sharding_lib.replicated(mesh)
+    rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
     train = jax.jit(
-        functools.partial(
-            train_step,
-            model=model,
-            task=task,
-            tx=tx,
-            label_smoothing=label_smoothing,
-            rng_impl=rng_impl,
-            target_token_dropout=target_token_dropout,
-            unk_id=unk_id,
+        _under_rules(
+            functools.partial(
+                train_step,
+                model=model,
+                task=task,
+                tx=tx,
+                label_smoothing=label_smoothing,
+                rng_impl=rng_impl,
+                target_token_dropout=target_token_dropout,
+                unk_id=unk_id,
+            ),
+            mesh,
+            rules,
         ),
         in_shardings=(state_shardings, batch_sharding),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        functools.partial(eval_step, model=model, task=task),
+        _under_rules(functools.partial(eval_step, model=model, task=task), mesh, rules),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=replicated,
     )

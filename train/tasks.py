@@ -28,7 +28,7 @@ from flax_transformer import (
 from train import decoding, distributed
 from train.batching import Side, SideTokens, example_slots
 from train.decoding import DecodeOptions, sample_text
-from train.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -125,6 +125,12 @@ class Task:
         """The example with each sentence replaced by its token ids."""
         raise NotImplementedError
 
+    def synthetic_example(self, length: int):
+        """A tokenized example of padded length `length` (every id the first ordinary piece):
+        batched, it has the shapes and keys of real batches, without reading data
+        (`train.compile` builds its abstract batches so)."""
+        raise NotImplementedError
+
     def to_sides(self, example) -> SideTokens:
         """A tokenized example's ids on each of `sides`, with BOS and EOS around a side that
         has labels."""
@@ -211,6 +217,9 @@ class TranslationTask(Task):
     def encode(self, tokenizer, example):
         source, target = example
         return tokenizer.encode(source), tokenizer.encode(target)
+
+    def synthetic_example(self, length):
+        return [NUM_SPECIAL_IDS] * length, [NUM_SPECIAL_IDS] * (length - 1)
 
     def to_sides(self, example):
         source, target = example
@@ -314,6 +323,9 @@ class LanguageModelTask(Task):
 
     def encode(self, tokenizer, example):
         return tokenizer.encode(example)
+
+    def synthetic_example(self, length):
+        return [NUM_SPECIAL_IDS] * (length - 1)
 
     def to_sides(self, example):
         return ([BOS_ID, *example, EOS_ID],)

@@ -11,16 +11,20 @@ checkpoints, which every process writes together.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
+from flax import linen as nn
 
 from flax_transformer import sharding as sharding_lib
 from train import config_lib, distributed, input_pipeline, steps
+from train.batching import WHOLE_BATCH, RowShare
 from train.checkpoint import Checkpointer
 from train.metrics import (
     MetricsWriter,
@@ -32,6 +36,7 @@ from train.metrics import (
     progress_bar,
 )
 from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
+from train.tasks import Task
 
 
 def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
@@ -74,11 +79,80 @@ class _Discard:
         pass
 
 
-def _make_mesh(config) -> jax.sharding.Mesh:
+def make_mesh(
+    config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+) -> jax.sharding.Mesh:
+    """The `(data, fsdp, tensor)` mesh of `config.mesh_shape` over `devices` (default: all).
+
+    Raises:
+        ValueError: the sizes do not fill the devices (names --config.mesh_shape).
+    """
     try:
-        return sharding_lib.make_mesh(*config.mesh_shape)
+        return sharding_lib.make_mesh(*config.mesh_shape, devices=devices)
     except ValueError as err:
         raise ValueError(f"--config.mesh_shape={tuple(config.mesh_shape)}: {err}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """What a run compiles from its config, before any parameter exists.
+
+    Attributes:
+        model: the flax module.
+        tx: the optimizer.
+        state_shapes: the TrainState's shapes and placement (`steps.train_state_shapes`).
+        train_step: jitted `(state, batch) -> (state, metric sums)`; donates the state.
+        eval_step: jitted `(params, batch) -> metric sums`.
+        put_batch: places a numpy batch (this process's rows) on the mesh.
+    """
+
+    model: nn.Module
+    tx: optax.GradientTransformation
+    state_shapes: steps.TrainState
+    train_step: Callable
+    eval_step: Callable
+    put_batch: Callable
+
+
+def build_program(
+    config: ml_collections.ConfigDict,
+    task: Task,
+    mesh: jax.sharding.Mesh,
+    vocab_size: int,
+    *,
+    unk_id: int,
+    share: RowShare = WHOLE_BATCH,
+) -> Program:
+    """The model, optimizer and jitted steps of `config` on `mesh`: what `train_and_evaluate`
+    runs, and what `train.compile` compiles ahead of time for a TPU topology.
+
+    Args:
+        config: a validated experiment config.
+        task: its `train.tasks` Task.
+        mesh: the device mesh (`make_mesh`).
+        vocab_size: the tokenizer's vocabulary size.
+        unk_id: the tokenizer's unknown id (the target of word dropout).
+        share: this process's rows of each global batch.
+
+    Raises:
+        ValueError: an invalid model field (named as `--config.model.<field>`).
+    """
+    model = task.make_model(config_lib.model_config(config, vocab_size))
+    tx = steps.make_optimizer(config)
+    shapes = steps.train_state_shapes(model, task, tx, mesh, config.seed, config.rng_impl)
+    train_step, eval_step, put_batch = steps.jit_steps(
+        model,
+        task,
+        tx,
+        shapes,
+        mesh,
+        label_smoothing=config.label_smoothing,
+        rng_impl=config.rng_impl,
+        target_token_dropout=config.target_token_dropout,
+        unk_id=unk_id,
+        share=share,
+    )
+    return Program(model, tx, shapes, train_step, eval_step, put_batch)
 
 
 def _check_same_data(fingerprint: dict, run: RunDir, resuming: bool) -> None:
@@ -160,7 +234,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         if distributed.is_primary():
             print(format_report(results), flush=True)
         return results
-    mesh = _make_mesh(config)
+    mesh = make_mesh(config)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
     dataset = input_pipeline.build_dataset(
         config, run, num_devices=mesh.size, share=share, make_tokenizer=_shared_tokenizer
@@ -168,9 +242,16 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
     _check_same_data(dataset.fingerprint, run, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     task = dataset.task
-    model = task.make_model(config_lib.model_config(config, dataset.tokenizer.vocab_size))
-    tx = steps.make_optimizer(config)
-    state = steps.create_train_state(model, task, tx, mesh, config.seed, config.rng_impl)
+    program = build_program(
+        config,
+        task,
+        mesh,
+        dataset.tokenizer.vocab_size,
+        unk_id=dataset.tokenizer.unk_id,
+        share=share,
+    )
+    model = program.model
+    state = steps.create_train_state(model, task, program.tx, mesh, config.seed, config.rng_impl)
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
@@ -179,18 +260,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = input_pipeline.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
-    train_step, eval_step, put_batch = steps.jit_steps(
-        model,
-        task,
-        tx,
-        state,
-        mesh,
-        label_smoothing=config.label_smoothing,
-        rng_impl=config.rng_impl,
-        target_token_dropout=config.target_token_dropout,
-        unk_id=dataset.tokenizer.unk_id,
-        share=share,
-    )
+    train_step, eval_step, put_batch = program.train_step, program.eval_step, program.put_batch
     primary = distributed.is_primary()
     writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
     log = TrainLog(steps.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)

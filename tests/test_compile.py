@@ -1,0 +1,262 @@
+"""train.compile: the program's train and eval steps compiled for a TPU topology on this CPU.
+
+The compiling tests need libtpu (requirements-tpu.txt) and skip without it; the error tests
+run everywhere (libtpu is hidden from them where it is installed).
+"""
+
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from configs import default, lm_kjv_llama, transformer_base
+from flax_transformer import sharding
+from train import compile_costs, config_lib, tasks, train_lib
+from train.compile_lib import abstract_batch
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="needs libtpu (the TPU compiler): pip install -r requirements-tpu.txt",
+)
+JSON_KEYS = {
+    "topology",
+    "chip",
+    "num_chips",
+    "mesh",
+    "params",
+    "bytes_per_chip",
+    "hbm_bytes",
+    "fits",
+    "xla_flops",
+    "model_flops",
+    "bytes_accessed",
+    "step_time_lower_bound_s",
+    "mfu_ceiling",
+    "collectives",
+    "compile_s",
+}
+# A decoder of 2 unrolled layers (XLA's cost analysis then counts every layer), on a
+# (data 2, fsdp 2) mesh of a v5e:2x2 slice.
+TINY = (
+    "--config=configs/lm_kjv_llama.py",
+    "--config.model.d_model=64",
+    "--config.model.d_ff=128",
+    "--config.model.num_layers=2",
+    "--config.max_len=64",
+    "--config.batch_size=8",
+    "--config.mesh_shape=(2,2,1)",
+)
+
+
+def _compile(*args, pythonpath=str(REPO)):
+    return subprocess.run(
+        [sys.executable, "-m", "train.compile", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": pythonpath},
+        timeout=600,
+    )
+
+
+def _error_line(result, after_progress=False) -> str:
+    """The one error line of stderr: all of it, or the last line after progress lines."""
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert errors == lines[-1:] and (after_progress or len(lines) == 1), result.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def tiny_v5e(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compile") / "tiny.json"
+    result = _compile(*TINY, "--topology=v5e:2x2", f"--json={out}")
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text()), result.stdout
+
+
+@needs_libtpu
+def test_json_has_the_figures_of_the_compiled_train_step(tiny_v5e):
+    report, stdout = tiny_v5e
+    assert set(report) == JSON_KEYS
+    assert report["topology"] == "v5e:2x2" and report["chip"] == "TPU v5 lite"
+    assert report["num_chips"] == 4
+    assert report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert report["fits"] is True and "fits: yes" in stdout
+    sizes = report["bytes_per_chip"]
+    assert set(sizes) == {"arguments", "outputs", "temp", "code", "total"}
+    assert 0 < sizes["total"] <= sum(v for k, v in sizes.items() if k != "total")
+    assert sizes["total"] < report["hbm_bytes"] == 16 * 2**30
+    assert report["bytes_accessed"] > 0 and report["compile_s"] > 0
+    assert report["step_time_lower_bound_s"] > 0 and 0 < report["mfu_ceiling"] <= 1
+
+
+@needs_libtpu
+def test_parameter_count_and_flops_match_the_model(tiny_v5e):
+    report, _ = tiny_v5e
+    config = lm_kjv_llama.get_config()
+    config.model.update(d_model=64, d_ff=128, num_layers=2)
+    config.max_len = 64
+    task = tasks.get_task(config.task)
+    model = task.make_model(config_lib.model_config(config, config.vocab_size))
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *task.init_inputs())
+    assert report["params"] == sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    assert report["model_flops"] == compile_costs.model_flops(model, [(8, 64)])
+    # XLA counts every product, elementwise op and the optimizer; the formula matrix products.
+    assert 0.8 < report["model_flops"] / report["xla_flops"] <= 1.0
+
+
+@needs_libtpu
+def test_collectives_of_a_data_and_fsdp_step(tiny_v5e):
+    report, stdout = tiny_v5e
+    found = report["collectives"]
+    assert set(found) == set(compile_costs.COLLECTIVES)
+    # Gradients are summed over the data axis; fsdp-split parameters are gathered.
+    assert found["all-reduce"]["count"] >= 1 and found["all-reduce"]["bytes"] > 0
+    assert found["all-gather"]["count"] >= 1 and found["all-gather"]["bytes"] > 0
+    assert "all-reduce" in stdout and "https://cloud.google.com/tpu/docs/v5e" in stdout
+
+
+@needs_libtpu
+def test_a_step_that_does_not_fit_exits_1_with_one_line(tmp_path):
+    # Float32 logits of 512 x 2048 tokens over a 4000-piece vocabulary: 4 GiB per chip for
+    # each copy the loss keeps, more than a v5e's 16 GiB.
+    out = tmp_path / "big.json"
+    result = _compile(
+        "--config=configs/lm_kjv_llama.py",
+        "--config.model.d_model=64",
+        "--config.model.d_ff=128",
+        "--config.model.num_layers=1",
+        "--config.max_len=2048",
+        "--config.batch_size=512",
+        "--topology=v5e:2x2",
+        f"--json={out}",
+    )
+    assert result.returncode == 1, result.stderr
+    line = _error_line(result, after_progress=True)
+    assert line.startswith("error: v5e:2x2: does not fit: ")
+    assert "--config.mesh_shape" in line and "remat" in line and "batch_size" in line
+    report = json.loads(out.read_text())
+    assert set(report) == JSON_KEYS and report["fits"] is False
+
+
+@needs_libtpu
+def test_a_shape_libtpu_rejects_is_a_usage_error():
+    result = _compile("--topology=v5e:3x3")
+    assert result.returncode == 2
+    line = _error_line(result, after_progress=True)
+    assert "--topology=v5e:3x3: libtpu cannot build it" in line
+
+
+@pytest.mark.parametrize("topology", ["v9:2x2", "v5e", "tpu-v5e-16"])
+def test_unknown_topology_is_one_line_with_examples(topology):
+    result = _compile(f"--topology={topology}")
+    assert result.returncode == 2
+    line = _error_line(result)
+    assert f"--topology={topology}:" in line and "v5e:16x16" in line and "v4:2x2x2" in line
+
+
+def test_without_libtpu_one_line_says_what_to_install(tmp_path):
+    hidden = tmp_path / "libtpu"  # shadows an installed libtpu
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    result = _compile("--topology=v5e:2x2", pythonpath=f"{tmp_path}:{REPO}")
+    assert result.returncode == 2
+    line = _error_line(result)
+    assert "needs libtpu" in line and line.endswith("; pip install -r requirements-tpu.txt")
+
+
+def test_abstract_batch_has_the_batcher_shapes():
+    config = transformer_base.get_config()
+    mesh = sharding.make_mesh(-1, 1, 1)
+    task = tasks.get_task(config.task)
+    train = abstract_batch(config, task, mesh, evaluation=False)
+    evaluate = abstract_batch(config, task, mesh, evaluation=True)
+    rows = config.tokens_per_batch // config.max_len  # 97 rows of 256 tokens
+    assert {k: v.shape for k, v in train.items()} == {
+        k: (rows, 256) for k in ("src", "tgt_in", "tgt_out", "src_segment_ids", "tgt_segment_ids")
+    }
+    assert set(evaluate) == {"src", "tgt_in", "tgt_out"}  # validation is not packed
+    assert all(v.sharding == sharding.batch_sharding(mesh) for v in train.values())
+
+
+# A module in XLA's HLO text format: a while loop of 6 iterations whose body gathers (in two
+# pieces of one collective, as TPU's asynchronous collective fusions split it) and
+# (asynchronously) sums, and a reduce-scatter after it.
+LOOP_HLO = """HloModule loop
+
+%piece (param_0: f32[8]) -> f32[16] {
+  %param_0 = f32[8]{0} parameter(0)
+  ROOT %all-gather.4 = f32[16]{0} all-gather(%param_0), channel_id=1, dimensions={0}
+}
+
+%cond (p.0: (s32[], f32[8])) -> pred[] {
+  %p.0 = (s32[], f32[8]{0}) parameter(0)
+  %i.0 = s32[] get-tuple-element(%p.0), index=0
+  %n = s32[] constant(6)
+  ROOT %lt = pred[] compare(%i.0, %n), direction=LT
+}
+
+%body (p.1: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p.1 = (s32[], f32[8]{0}) parameter(0)
+  %x = f32[8]{0} get-tuple-element(%p.1), index=1
+  %all-gather.1 = f32[16]{0} all-gather(%x), channel_id=1, replica_groups={{0,1}}, dimensions={0}
+  %fusion.5 = f32[16]{0} fusion(%x), kind=kCustom, calls=%piece
+  %all-reduce-start.2 = f32[8]{0} all-reduce-start(%x), channel_id=2, to_apply=%sum
+  %all-reduce-done.2 = f32[8]{0} all-reduce-done(%all-reduce-start.2)
+  ROOT %t.1 = (s32[], f32[8]{0}) tuple(%i.1, %all-reduce-done.2)
+}
+
+ENTRY %main (a: f32[8]) -> bf16[4,2] {
+  %a = f32[8]{0} parameter(0)
+  %w = (s32[], f32[8]{0}) while(%t.0), condition=%cond, body=%body
+  ROOT %reduce-scatter.3 = bf16[4,2]{1,0} reduce-scatter(%b), channel_id=3, dimensions={0}
+}
+"""
+
+
+def test_collectives_count_once_per_loop_iteration():
+    found, exact = compile_costs.collectives(LOOP_HLO)
+    assert exact
+    assert found["all-gather"] == {"count": 6, "bytes": 6 * 16 * 4}
+    assert found["all-reduce"] == {"count": 6, "bytes": 6 * 8 * 4}  # -done only: not twice
+    assert found["reduce-scatter"] == {"count": 1, "bytes": 4 * 2 * 2}
+    assert found["all-to-all"] == found["collective-permute"] == {"count": 0, "bytes": 0}
+    # XLA's own loops (e.g. a matmul split into steps with collective-permutes) count in u32.
+    unsigned, exact = compile_costs.collectives(
+        LOOP_HLO.replace("s32[] constant", "u32[] constant")
+    )
+    assert exact and unsigned == found
+    unknown, exact = compile_costs.collectives(LOOP_HLO.replace("direction=LT", "direction=NE"))
+    assert not exact and unknown["all-gather"]["count"] == 1
+
+
+@pytest.mark.parametrize("name", ["default", "lm_kjv_llama"])
+def test_model_formula_equals_the_traced_matrix_products(name):
+    # Tracing only (no compile): the formula counts what the step's dot_generals compute,
+    # layers scanned or not; remat adds the recomputed forward of each layer.
+    config = {"default": default, "lm_kjv_llama": lm_kjv_llama}[name].get_config()
+    config.update(max_len=32, bucket_lengths=(), batch_size=8, tokens_per_batch=0)
+    task = tasks.get_task(config.task)
+    mesh = sharding.make_mesh(-1, 1, 1)
+    counts = {}
+    for scan, remat in [(False, False), (True, False), (True, True)]:
+        config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=2)
+        config.model.update(scan_layers=scan, remat=remat)
+        program = train_lib.build_program(config, task, mesh, 100, unk_id=3)
+        batch = abstract_batch(config, task, mesh, evaluation=False)
+        traced = program.train_step.trace(program.state_shapes, batch)
+        shapes = [batch[k].shape for k in task.model_inputs]
+        formula = compile_costs.model_flops(program.model, shapes)
+        counts[scan, remat] = (compile_costs.traced_matmul_flops(traced.jaxpr), formula)
+    assert counts[False, False][0] == counts[False, False][1]
+    assert counts[True, False] == counts[False, False]
+    remat, formula = counts[True, True]
+    assert formula < remat < 4 / 3 * formula  # the layers' forward again, not the logits

@@ -1,0 +1,306 @@
+"""What a compiled step costs: TPU chip figures, the collectives in XLA's HLO text, and the
+model's own FLOP count.
+
+Used by `train.compile`; nothing here needs a TPU or libtpu.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flax_transformer import TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One TPU generation as Google publishes it (per chip).
+
+    Attributes:
+        name: the generation ('TPU v5e').
+        device_kind: what libtpu's devices of a topology of it report.
+        peak_flops: peak bf16 FLOP/s.
+        hbm_bytes: HBM capacity in bytes.
+        hbm_bandwidth: HBM bytes per second.
+        ici_bandwidth: bidirectional inter-chip interconnect bytes per second, or None where
+            the source gives no per-chip figure.
+        source: the page the figures come from.
+        chip_config: libtpu's chip configuration giving one JAX device per chip, as on a
+            TPU VM ('megacore' joins the two TensorCores of v4 and v5p chips).
+    """
+
+    name: str
+    device_kind: str
+    peak_flops: float
+    hbm_bytes: float
+    hbm_bandwidth: float
+    ici_bandwidth: float | None
+    source: str
+    chip_config: str = "default"
+
+
+# The figures of Google's Cloud TPU pages ("System architecture" tables), read 2026-12-01.
+# HBM capacities are binary: the v4 and v5p pages say GiB; v5e's "16 GB" is 16 GiB, as XLA's
+# own limit for it (15.75 GiB usable, in its out-of-memory message) exceeds 16e9 bytes; v6e's
+# "32 GB" is read alike. Bandwidths are decimal (GBps = 1e9 bytes/s).
+_GiB = 2**30
+CHIPS: dict[str, Chip] = {
+    # 275 TFLOP/s (bf16), 32 GiB HBM2 at 1200 GBps; no per-chip ICI figure on the page.
+    "v4": Chip(
+        "TPU v4", "TPU v4", 275e12, 32 * _GiB, 1200e9, None,
+        "https://cloud.google.com/tpu/docs/v4", "megacore",
+    ),
+    # 197 TFLOP/s (bf16), 16 GB HBM2 at 819 GBps, ICI 400 GBps bidirectional per chip.
+    "v5e": Chip(
+        "TPU v5e", "TPU v5 lite", 197e12, 16 * _GiB, 819e9, 400e9,
+        "https://cloud.google.com/tpu/docs/v5e",
+    ),
+    # 459 TFLOP/s (bf16), 95 GiB HBM2e at 2765 GBps, ICI 1200 GBps bidirectional per chip.
+    "v5p": Chip(
+        "TPU v5p", "TPU v5", 459e12, 95 * _GiB, 2765e9, 1200e9,
+        "https://cloud.google.com/tpu/docs/v5p", "megacore",
+    ),
+    # 918 TFLOP/s (bf16), 32 GB HBM at 1638 GBps, ICI 800 GBps bidirectional per chip.
+    "v6e": Chip(
+        "TPU v6e", "TPU v6 lite", 918e12, 32 * _GiB, 1638e9, 800e9,
+        "https://cloud.google.com/tpu/docs/v6e",
+    ),
+}  # fmt: skip
+
+TOPOLOGY_EXAMPLES = "v5e:2x2, v5e:2x4, v5e:16x16, v6e:8x8, v4:2x2x2, v5p:4x4x4"
+_TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+x\d+(?:x\d+)?)$")
+
+
+def chip_of(topology: str) -> Chip:
+    """The chip of a topology name such as 'v5e:16x16'.
+
+    Raises:
+        ValueError: not a generation:shape name of a chip in `CHIPS`.
+    """
+    found = _TOPOLOGY.match(topology)
+    if not found:
+        raise ValueError(
+            f"--topology={topology}: not a TPU topology this program knows ; use "
+            f"<generation>:<chips per dimension>, e.g. {TOPOLOGY_EXAMPLES}"
+        )
+    return CHIPS[found.group(1)]
+
+
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+# Bytes per element of the HLO element types a step can hold.
+_ELEMENT_BYTES = {
+    "pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+    "s32": 4, "u32": 4, "f32": 4,
+    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+}  # fmt: skip
+_ARRAY = re.compile(r"\b(" + "|".join(_ELEMENT_BYTES) + r")\[([\d,]*)\]")
+# `%name = SHAPE kind(` or its asynchronous `kind-done(` (whose result is the same array;
+# `-start` is skipped, or each would count twice). The shape may be a tuple.
+_INSTRUCTION = re.compile(
+    r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-done)?\("
+)
+_HEADER = re.compile(r"^(ENTRY\s+)?%(\S+)\s.*\{\s*$")
+_CALLEE = re.compile(
+    r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%([\w.\-]+)"
+)
+_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
+_WHILE = re.compile(r"\swhile\(.*\bcondition=%([\w.\-]+),\s*body=%([\w.\-]+)")
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_LOOP_BOUND = re.compile(r"\b[su](?:32|64)\[\]\S*\s+constant\((\d+)\)")
+
+
+def _shape_bytes(shape: str) -> int:
+    total = 0
+    for dtype, dims in _ARRAY.findall(shape):
+        count = 1
+        for dim in filter(None, dims.split(",")):
+            count *= int(dim)
+        total += count * _ELEMENT_BYTES[dtype]
+    return total
+
+
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
+    """The HLO module's computations (name -> instruction lines) and the entry's name."""
+    computations: dict[str, list[str]] = {}
+    entry, current = "", None
+    for line in hlo_text.splitlines():
+        header = _HEADER.match(line)
+        if header and current is None:
+            current = header.group(2)
+            computations[current] = []
+            if header.group(1):
+                entry = current
+        elif line.strip() == "}" and current is not None:
+            current = None
+        elif current is not None:
+            computations[current].append(line)
+    return computations, entry
+
+
+def _trip_count(line: str, condition: list[str]) -> int | None:
+    """Iterations of a while loop: XLA's known trip count, else the bound of the `i < N`
+    condition that `lax.scan` (nn.scan) lowers to; None when neither is there."""
+    known = _TRIP_COUNT.search(line)
+    if known:
+        return int(known.group(1))
+    bounds = {int(n) for text in condition for n in _LOOP_BOUND.findall(text)}
+    compares = [text for text in condition if "compare(" in text and "direction=LT" in text]
+    return bounds.pop() if len(bounds) == 1 and len(compares) == 1 else None
+
+
+def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
+    """Count and bytes of each kind of collective one execution of the program runs.
+
+    Bytes are each collective's result per chip (an all-gather's gathered array, a
+    reduce-scatter's shard), summed. A collective inside a while loop (the layers of
+    `scan_layers=True`) counts once per iteration. XLA may split one collective into
+    pieces in several fusions (TPU's asynchronous collective fusions), each holding the
+    whole instruction: pieces with the same `channel_id` within one loop iteration count
+    once.
+
+    Args:
+        hlo_text: the compiled program's HLO text (`jax.stages.Compiled.as_text()`).
+
+    Returns:
+        ({kind: {'count', 'bytes'}} for every kind in COLLECTIVES, exact): `exact` is
+        False when a loop's trip count could not be read (its collectives counted once).
+    """
+    computations, entry = _computations(hlo_text)
+    loops: dict[str, tuple[dict[str, list[int]], bool]] = {}
+
+    def per_iteration(root: str) -> tuple[dict[str, list[int]], bool]:
+        """The collectives of one run of `root`, the loops it starts included."""
+        if root in loops:
+            return loops[root]
+        found = {kind: [0, 0] for kind in COLLECTIVES}
+        pieces: dict[str, tuple[str, int]] = {}  # channel (or line) -> kind, bytes
+        exact, walked, pending = True, set(), [root]
+        while pending:
+            name = pending.pop()
+            if name in walked:
+                continue
+            walked.add(name)
+            for number, line in enumerate(computations.get(name, [])):
+                instruction = _INSTRUCTION.match(line)
+                if instruction:
+                    channel = _CHANNEL.search(line)
+                    key = channel.group(1) if channel else f"{name}:{number}"
+                    pieces.setdefault(
+                        key, (instruction.group(2), _shape_bytes(instruction.group(1)))
+                    )
+                callees = [callee for _, callee in _CALLEE.findall(line)]
+                for branches in _BRANCHES.findall(line):
+                    callees += [b.strip().lstrip("%") for b in branches.split(",")]
+                loop = _WHILE.search(line)
+                if loop:  # its body runs `trips` times, each a scope of its own
+                    condition, body = loop.groups()
+                    trips = _trip_count(line, computations.get(condition, []))
+                    inner, inner_exact = per_iteration(body)
+                    exact &= inner_exact and trips is not None
+                    for kind, (count, size) in inner.items():
+                        found[kind][0] += (trips or 1) * count
+                        found[kind][1] += (trips or 1) * size
+                    callees = [c for c in callees if c not in (condition, body)]
+                pending += callees
+        for kind, size in pieces.values():
+            found[kind][0] += 1
+            found[kind][1] += size
+        loops[root] = (found, exact)
+        return loops[root]
+
+    found, exact = per_iteration(entry)
+    return {kind: {"count": c, "bytes": b} for kind, (c, b) in found.items()}, exact
+
+
+def _layer_matmul_params(config: TransformerConfig) -> tuple[int, int, int]:
+    """Per layer: (Q + output projection, K + V projection, feed-forward) kernel sizes."""
+    width = config.num_heads * config.head_dim
+    gated = config.activation in ("swiglu", "geglu")
+    query_out = 2 * config.d_model * width
+    key_value = 2 * config.d_model * config.kv_heads * config.head_dim
+    ffn = (3 if gated else 2) * config.d_model * config.d_ff
+    return query_out, key_value, ffn
+
+
+def model_flops(model, input_shapes: Sequence[tuple[int, ...]]) -> int:
+    """Training FLOPs of one step by the model's formula: 6 per parameter of every matrix
+    product per token it sees (2 forward, 4 backward), plus the attention products
+    (q k^T and weights v, 2 FLOPs per multiply-add, times 3 for training).
+
+    Convention: causal (and padding or segment) masks are counted in full, as computed,
+    not halved; embedding lookups, norms, softmax and the optimizer are not counted, nor
+    the forward recomputed by `remat`. The output projection counts (tied or not).
+
+    Args:
+        model: a `Transformer` or `DecoderOnlyTransformer`.
+        input_shapes: the model inputs' `(B, L)` shapes: (source, target) for a
+            `Transformer`, (tokens,) for a decoder-only model.
+
+    Returns:
+        FLOPs of one train step over the whole batch (all chips together).
+    """
+    from flax_transformer import Transformer
+
+    config: TransformerConfig = model.config
+    query_out, key_value, ffn = _layer_matmul_params(config)
+    width = config.num_heads * config.head_dim
+    vocab = config.output_vocab_size
+    if isinstance(model, Transformer):
+        (batch, source), (_, target) = input_shapes
+        encoder = config.encoder_layers * (
+            batch * source * (query_out + key_value + ffn) + 2 * batch * source * source * width
+        )
+        decoder = config.decoder_layers * (
+            batch * target * (2 * query_out + key_value + ffn)  # self and cross Q, O
+            + batch * source * key_value  # cross-attention keys and values of the source
+            + 2 * batch * target * (target + source) * width
+        )
+        forward = encoder + decoder + batch * target * config.d_model * vocab
+    else:
+        ((batch, length),) = input_shapes
+        forward = config.decoder_layers * (
+            batch * length * (query_out + key_value + ffn) + 2 * batch * length * length * width
+        )
+        forward += batch * length * config.d_model * vocab
+    return 3 * 2 * forward
+
+
+def _sub_jaxprs(value) -> list:
+    """The jaxprs in one equation parameter (a jaxpr, a closed jaxpr, or a tuple of them)."""
+    values = value if isinstance(value, tuple | list) else (value,)
+    return [getattr(v, "jaxpr", v) for v in values if hasattr(v, "eqns") or hasattr(v, "jaxpr")]
+
+
+def traced_matmul_flops(jaxpr) -> int:
+    """FLOPs of the matrix products (`dot_general`) a traced program executes, over the whole
+    (unsharded) arrays: 2 per multiply-add, a `scan` body times its length, the forward
+    that `remat` recomputes included; a `while` body (unknown trips) counted once and the
+    cheapest branch of a `cond`, so that the figure stays a lower bound.
+
+    Args:
+        jaxpr: a traced function's jaxpr (`jax.jit(f).trace(*args).jaxpr`).
+    """
+    total = 0
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if eqn.primitive.name == "dot_general":
+            (contracting, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            out = eqn.outvars[0].aval.shape
+            products = 1
+            for size in (*out, *(lhs[d] for d in contracting)):
+                products *= size
+            total += 2 * products
+            continue
+        inner = [sub for value in eqn.params.values() for sub in _sub_jaxprs(value)]
+        if eqn.primitive.name == "cond":
+            total += min((traced_matmul_flops(sub) for sub in inner), default=0)
+            continue
+        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
+        total += times * sum(traced_matmul_flops(sub) for sub in inner)
+    return total

@@ -1,0 +1,319 @@
+"""Ahead-of-time compilation of the training program for a TPU topology, on any host:
+`compile_for_topology(config, 'v5e:16x16')` (what `python -m train.compile` prints).
+
+The train and eval steps are those `train.main` runs (`train_lib.build_program`), compiled
+by XLA for the topology's chips (libtpu's compile-only devices) from abstract inputs: the
+train state's shapes and placement by `config.mesh_shape` and the logical axis rules, and a
+batch of the config's shape, built by the task's own batcher from one synthetic example of
+`max_len` tokens (the longest bucket). No data is read and no parameter is initialised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import jax
+from jax.experimental import topologies
+
+from flax_transformer import sharding as sharding_lib
+from train import compile_costs, config_lib, tasks, train_lib
+from train.cli import verbose
+from train.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
+from train.packing import get_packer
+from train.tokenizer import UNK_ID, ByteTokenizer
+
+
+@contextlib.contextmanager
+def _native_stderr_captured():
+    """Keeps libtpu's start-up warnings off stderr (a CPU host has no TPU metadata to read);
+    everything is shown under --verbosity=1."""
+    if verbose():
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+@contextlib.contextmanager
+def stage(what: str):
+    """Shows `what ...` on stderr while it runs (the seconds tick on a terminal), then its time."""
+    start, done = time.perf_counter(), threading.Event()
+    tty = sys.stderr.isatty()
+
+    def tick():
+        while not done.wait(1.0):
+            elapsed = time.perf_counter() - start
+            print(f"\r{what} ... {elapsed:.0f} s", end="", file=sys.stderr, flush=True)
+
+    print(f"{what} ...", end="" if tty else "\n", file=sys.stderr, flush=True)
+    ticker = threading.Thread(target=tick, daemon=True)
+    if tty:
+        ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        if tty:
+            ticker.join()
+        elapsed = time.perf_counter() - start
+        print(f"{chr(13) if tty else ''}{what}: {elapsed:.1f} s", file=sys.stderr, flush=True)
+
+
+def topology_devices(topology: str, chip: Chip) -> list:
+    """The compile-only devices of a topology, one per chip.
+
+    Raises:
+        ValueError: libtpu rejects the shape (e.g. v5e:3x3), naming its reason.
+    """
+    try:
+        with _native_stderr_captured():
+            found = topologies.get_topology_desc(
+                platform="tpu", topology_name=topology, chip_config_name=chip.chip_config
+            )
+    except Exception as err:  # jax raises its runtime error type for a bad shape
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(
+            f"--topology={topology}: libtpu cannot build it ({reason}) ; "
+            f"use a shape the generation has, e.g. {TOPOLOGY_EXAMPLES}"
+        ) from None
+    return list(found.devices)
+
+
+def _vocab_size(config) -> int:
+    return ByteTokenizer().vocab_size if config.tokenizer == "byte" else config.vocab_size
+
+
+def abstract_batch(config, task, mesh, *, evaluation: bool) -> dict:
+    """The step's batch as ShapeDtypeStructs placed on the mesh: the task's batcher applied to
+    one synthetic example of `max_len` tokens (its longest bucket).
+
+    Raises:
+        ValueError: its rows do not split over the mesh's data x fsdp devices.
+    """
+    example = task.to_sides(task.synthetic_example(config.max_len))
+    packer = get_packer(config.packing)
+    (batch, *_) = packer.batches(
+        config, task.sides, [example], None, mesh.size, evaluation=evaluation
+    )
+    rows = next(iter(batch.values())).shape[0]
+    split = mesh.shape["data"] * mesh.shape["fsdp"]
+    if rows % split:
+        raise ValueError(
+            f"--config.batch_size / tokens_per_batch: a batch of {rows} rows does not split "
+            f"over data x fsdp = {split} devices of --config.mesh_shape="
+            f"{tuple(config.mesh_shape)} ; make the rows a multiple of {split}"
+        )
+    sharding = sharding_lib.batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """What XLA says of one compiled step, per chip.
+
+    Attributes:
+        bytes: arguments, outputs, temp, code and total (arguments + outputs - donated
+            buffers counted twice + temp + code).
+        flops: FLOPs of one execution as XLA's cost analysis counts them (a while loop's body,
+            e.g. the layers of `scan_layers=True`, counted once).
+        traced_flops: FLOPs of the matrix products of the traced step over all chips, every
+            loop iteration and `remat` recomputation included
+            (`compile_costs.traced_matmul_flops`).
+        bytes_accessed: HBM bytes read and written, counted as the FLOPs are.
+        collectives: {kind: {count, bytes}} (`compile_costs.collectives`).
+        collectives_exact: False when a loop's trip count could not be read.
+        loops: whether the program has while loops.
+        compile_s: seconds to trace, lower and compile.
+        hlo: the compiled program's HLO text.
+    """
+
+    bytes: dict[str, int]
+    flops: float
+    traced_flops: int
+    bytes_accessed: float
+    collectives: dict[str, dict[str, int]]
+    collectives_exact: bool
+    loops: bool
+    compile_s: float
+    hlo: str = dataclasses.field(repr=False, default="")
+
+
+class OutOfMemory(Exception):
+    """XLA refused to compile a step: its buffers exceed what it can use of the chip's HBM."""
+
+
+def _compile(jitted, *args) -> StepCost:
+    """Lowers and compiles a jitted step for the arguments' (abstract) shapes and placement.
+
+    Raises:
+        OutOfMemory: XLA's message (e.g. 'Ran out of memory on HBM, ... (22.5G) exceeds
+            available HBM (15.75G).').
+        ValueError: the arguments cannot be placed on the mesh (jax's reason).
+    """
+    start = time.perf_counter()
+    try:
+        traced = jitted.trace(*args)
+        lowered = traced.lower()
+    except ValueError as err:  # e.g. a dimension that does not split over a mesh axis
+        raise ValueError(
+            f"--config.mesh_shape: the step cannot be placed on this mesh "
+            f"({str(err).splitlines()[0]}) ; choose axis sizes that divide the model's "
+            "dimensions and the batch"
+        ) from None
+    try:
+        compiled = lowered.compile()
+    except Exception as err:  # jax's runtime error type; only an out-of-memory is expected
+        message = str(err).strip()
+        if not message.startswith("RESOURCE_EXHAUSTED"):
+            raise
+        raise OutOfMemory(message.split(":", 1)[1].strip().splitlines()[0]) from None
+    seconds = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    sizes = {
+        "arguments": memory.argument_size_in_bytes,
+        "outputs": memory.output_size_in_bytes,
+        "temp": memory.temp_size_in_bytes,
+        "code": memory.generated_code_size_in_bytes,
+    }
+    sizes["total"] = sum(sizes.values()) - memory.alias_size_in_bytes
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost  # older jax: one per device
+    hlo = compiled.as_text()
+    found, exact = compile_costs.collectives(hlo)
+    return StepCost(
+        bytes=sizes,
+        flops=float(cost.get("flops", 0.0)),
+        traced_flops=compile_costs.traced_matmul_flops(traced.jaxpr),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        collectives=found,
+        collectives_exact=exact,
+        loops=" while(" in hlo,
+        compile_s=seconds,
+        hlo=hlo,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TopologyReport:
+    """The train and eval steps of a config compiled for a topology.
+
+    `train` and `eval` are None when XLA refused to compile them (`refusal` says why).
+    """
+
+    topology: str
+    chip: Chip
+    device_kind: str
+    num_chips: int
+    mesh: dict[str, int]
+    params: int
+    model_flops: int
+    train: StepCost | None
+    eval: StepCost | None
+    refusal: str = ""
+
+    @property
+    def needed_bytes(self) -> int:
+        """The larger total bytes per chip of the steps XLA compiled (0: neither)."""
+        steps = [step for step in (self.train, self.eval) if step is not None]
+        return max((step.bytes["total"] for step in steps), default=0)
+
+    @property
+    def fits(self) -> bool:
+        return not self.refusal and self.needed_bytes <= self.chip.hbm_bytes
+
+    @property
+    def flops_per_chip(self) -> float:
+        """The larger of XLA's count and the traced matrix products over the chips: each is
+        at most what a chip executes (XLA counts a loop's body once; the trace counts only
+        matrix products), so the step-time bound stays a lower bound."""
+        return max(self.train.flops, self.train.traced_flops / self.num_chips)
+
+    @property
+    def step_time_lower_bound_s(self) -> float:
+        return max(
+            self.flops_per_chip / self.chip.peak_flops,
+            self.train.bytes_accessed / self.chip.hbm_bandwidth,
+        )
+
+    @property
+    def mfu_ceiling(self) -> float:
+        peak = self.num_chips * self.chip.peak_flops
+        return self.model_flops / (peak * self.step_time_lower_bound_s)
+
+    def summary(self) -> dict:
+        """The figures as `--json` writes them (FLOPs per step over all chips, bytes per chip);
+        those of a step XLA refused to compile are null."""
+        train = self.train
+        return {
+            "topology": self.topology,
+            "chip": self.device_kind,
+            "num_chips": self.num_chips,
+            "mesh": self.mesh,
+            "params": self.params,
+            "bytes_per_chip": train.bytes if train else None,
+            "hbm_bytes": int(self.chip.hbm_bytes),
+            "fits": self.fits,
+            "xla_flops": train.flops * self.num_chips if train else None,
+            "model_flops": self.model_flops,
+            "bytes_accessed": train.bytes_accessed if train else None,
+            "step_time_lower_bound_s": self.step_time_lower_bound_s if train else None,
+            "mfu_ceiling": self.mfu_ceiling if train else None,
+            "collectives": train.collectives if train else None,
+            "compile_s": train.compile_s if train else None,
+        }
+
+
+def compile_for_topology(config, topology: str) -> TopologyReport:
+    """Compiles `config`'s train and eval steps for `topology`, showing progress on stderr.
+
+    Args:
+        config: an experiment config (`configs/*.py`, overrides applied).
+        topology: a TPU topology name ('v5e:16x16').
+
+    Raises:
+        ValueError: a bad topology or config value, named as on the command line.
+    """
+    chip = chip_of(topology)
+    config_lib.validate_config(config)
+    with stage(f"loading libtpu and the {topology} topology"):
+        devices = topology_devices(topology, chip)
+    mesh = train_lib.make_mesh(config, devices)
+    task = tasks.get_task(config.task)
+    program = train_lib.build_program(config, task, mesh, _vocab_size(config), unk_id=UNK_ID)
+    train_batch = abstract_batch(config, task, mesh, evaluation=False)
+    eval_batch = abstract_batch(config, task, mesh, evaluation=True)
+    train = evaluate = None
+    refusal = ""
+    try:
+        with stage(f"compiling the train step for {len(devices)} chips"):
+            train = _compile(program.train_step, program.state_shapes, train_batch)
+        with stage("compiling the eval step"):
+            evaluate = _compile(program.eval_step, program.state_shapes.params, eval_batch)
+    except OutOfMemory as err:
+        refusal = f"XLA: {err} ({'eval' if train else 'train'} step)"
+    shapes = [tuple(train_batch[key].shape) for key in task.model_inputs]
+    return TopologyReport(
+        topology=topology,
+        chip=chip,
+        device_kind=devices[0].device_kind,
+        num_chips=len(devices),
+        mesh=dict(mesh.shape),
+        params=sum(leaf.size for leaf in jax.tree.leaves(program.state_shapes.params)),
+        model_flops=compile_costs.model_flops(program.model, shapes),
+        train=train,
+        eval=evaluate,
+        refusal=refusal,
+    )
