@@ -260,3 +260,24 @@ def test_model_formula_equals_the_traced_matrix_products(name):
     assert counts[True, False] == counts[False, False]
     remat, formula = counts[True, True]
     assert formula < remat < 4 / 3 * formula  # the layers' forward again, not the logits
+
+
+@needs_libtpu
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["(2,2,1)", "(1,2,2)"])
+def test_the_splash_kernel_compiles_into_the_train_step(tmp_path, mesh):
+    """attention_impl=splash: the Pallas kernel is in the compiled TPU program, sharded by
+    the mesh (data+fsdp, or fsdp+tensor over heads), and the xla path is not."""
+    hlo = tmp_path / "step.hlo"
+    result = _compile(
+        *TINY,
+        "--config.max_len=128",
+        "--config.model.attention_impl=splash",
+        f"--config.mesh_shape={mesh}",
+        "--topology=v5e:2x2",
+        f"--hlo={hlo}",
+    )
+    assert result.returncode == 0, result.stderr
+    text = hlo.read_text()
+    # The forward kernel and the two backward kernels (dq, dkv) of each layer.
+    assert text.count("tpu_custom_call") >= 3, text.count("tpu_custom_call")

@@ -170,7 +170,9 @@ class MultiHeadAttention(nn.Module):
             k_BSKH,
             v_BSKH,
             mask,
-            impl=self.impl,
+            # Initialisation traces a dummy batch of a few tokens, which the fused kernels'
+            # block sizes refuse; the parameters are the same whichever path runs.
+            impl="xla" if self.is_initializing() else self.impl,
             kv_head_axis=kv_head_axis,
             dropout_rate=self.dropout_rate,
             dropout_rng=self.make_rng("dropout") if use_dropout else None,
