@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import tempfile
 
 # The tests run on the CPU. Where libtpu is installed (requirements-tpu.txt, for
 # train.compile) and no TPU is attached, jax would still start its TPU plugin in every
@@ -9,6 +10,33 @@ import os
 # jax is imported, here and in the tests' subprocesses.
 if importlib.util.find_spec("libtpu") is not None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Compile time, not compute, is where a test of a tiny model spends its time: an eager
+# `model.init` alone compiles a couple of hundred small XLA programs. Two settings, made here
+# for the tests and the processes they start (never for the library or train.main):
+# - XLA's CPU backend without its expensive LLVM passes (level 0): such programs compile about
+#   twice as fast and run their few FLOPs no slower that anyone measures;
+# - jax's persistent compilation cache, shared by the test processes and kept between runs
+#   (a second run skips most compiles). Its entries are keyed by the program, the jax
+#   version and these flags, so a stale entry is never used; set JAX_COMPILATION_CACHE_DIR
+#   to put it elsewhere, or to "" for none. The size limit turns on jax's file lock, so two
+#   pytest-xdist workers never read an entry half written.
+_FAST_COMPILE_FLAGS = (
+    "--xla_backend_optimization_level=0",
+    "--xla_llvm_disable_expensive_passes=true",
+)
+_flags = os.environ.get("XLA_FLAGS", "").split()
+os.environ["XLA_FLAGS"] = " ".join(
+    _flags + [f for f in _FAST_COMPILE_FLAGS if f.split("=")[0] not in "".join(_flags)]
+)
+if importlib.util.find_spec("filelock") is not None:  # requirements.txt brings it
+    os.environ.setdefault(
+        "JAX_COMPILATION_CACHE_DIR",
+        os.path.join(tempfile.gettempdir(), f"flax-transformer-tests-jax-cache-{os.getuid()}"),
+    )
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 import pytest  # noqa: E402
 
