@@ -1,8 +1,9 @@
 """Train a Transformer: `python -m train.main [--config configs/<name>.py] [--workdir DIR]`.
 
 With no flags it trains the default (configs/default.py: King James -> World English Bible
-translation, ~12 minutes on a 2-core CPU) in ./runs/default. Override any config field with
-`--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
+translation, minutes on a 2-core CPU; README.md's results table has the measured time) in
+./runs/default. Override any config field with `--config.<field>=value` (e.g.
+`--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
 
 Several processes (one per host, or several on one machine: `python -m train.launch_local`)
