@@ -9,7 +9,7 @@ Rerunning a command resumes from its work directory's latest checkpoint.
 Several processes (one per host, or several on one machine: `python -m train.launch_local`)
 run the same command with `--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
-with its own index; see train.distributed and README "Many devices".
+with its own index; see train.distributed and docs/multiprocess.md.
 
 Exit status (train.cli): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
