@@ -16,7 +16,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Size:
-    """One benchmark configuration (the anchors of issue 5)."""
+    """One benchmark configuration (the sizes every benchmark compares at)."""
 
     name: str
     kind: str  # 'encdec' or 'deconly'

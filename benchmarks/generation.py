@@ -1,4 +1,4 @@
-"""Cached decoding speed, ours against the Flax lm1b example in the same run (issue 11 item 4).
+"""Cached decoding speed, ours against the Flax lm1b example in the same run.
 
     python -m benchmarks.generation --flax-examples /path/to/flax/examples --bandwidth
     FLAX_EXAMPLES=/path/to/flax/examples python -m benchmarks.generation

@@ -1,4 +1,4 @@
-"""KV cache bytes per token at 8, 2 and 1 key/value heads (issue 13). Run it by hand:
+"""KV cache bytes per token at 8, 2 and 1 key/value heads. Run it by hand:
 
     python -m benchmarks.kv_cache
 

@@ -1,5 +1,5 @@
 """How fast does the encoder-decoder learn to use its source? Validation BLEU against training
-minutes for named recipes (issue 9's study).
+minutes for named recipes (docs/recipe_study.md).
 
     python -m benchmarks.recipe_study --recipe baseline --recipe emb1 --minutes 8
     python -m benchmarks.recipe_study --recipe emb1 --set corpus=bible --set bleu_tokenize=13a

@@ -8,7 +8,7 @@ Same data, tokenizer, width, depth, optimizer and schedule as lm_kjv.py; only th
 options differ. The SwiGLU hidden width is 8/3 of d_model rounded up to a multiple of 16 (688
 for 256), so its three kernels hold about the parameters of GPT-2's two of width 4 d_model;
 two key/value heads serve the four query heads, halving the KV cache. A trained run exports
-to Hugging Face's LlamaForCausalLM with `flax_transformer.export_llama` (README).
+to Hugging Face's LlamaForCausalLM with `flax_transformer.export_llama` (docs/interop.md).
 """
 
 import ml_collections

@@ -1,15 +1,19 @@
 """flax_transformer: the Transformer of "Attention Is All You Need" in JAX and Flax linen.
 
-Layers of the package (imports point down only):
+Layers of the package (imports point down only: a module imports only from those below it):
+  interop     weights in from torch.nn.Transformer, Hugging Face GPT-2 and Llama, out to
+              GPT-2 and Llama (torch optional); builds the models below
   models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
   decoding    KV-cache generation: generate_translation, generate_text, and the strategies
               Greedy, Sample, Beam
-  interop     weights in from torch.nn.Transformer, Hugging Face GPT-2 and Llama, out to
-              GPT-2 and Llama (torch optional)
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
+  inputs      token checks (check_tokens) and the attention masks the models build
   functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
+Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes and
+the rules mapping those names to mesh axes) and checked (checkify around jit; imports jax
+only).
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,

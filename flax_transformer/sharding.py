@@ -8,7 +8,7 @@ axis each one is split over. The mesh has three named axes:
   tensor  Megatron-style split of heads, feed-forward width and vocabulary
 
 On one device every axis has size 1 and all of this is a no-op. Multi-host runs call
-`jax.distributed.initialize()` first (see the README); `make_mesh` then spans every
+`jax.distributed.initialize()` first (see docs/multiprocess.md); `make_mesh` then spans every
 process's devices.
 """
 

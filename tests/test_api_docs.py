@@ -1,4 +1,5 @@
-"""docs/api.md and the README stay true to the code: every export named, signatures, snippets."""
+"""docs/api.md, the README and docs/interop.md stay true to the code: every export named,
+signatures, snippets."""
 
 import dataclasses
 import inspect
@@ -15,6 +16,7 @@ from flax_transformer import decoding, functional
 ROOT = Path(__file__).resolve().parents[1]
 API = (ROOT / "docs" / "api.md").read_text()
 README = (ROOT / "README.md").read_text()
+INTEROP = (ROOT / "docs" / "interop.md").read_text()
 EXPORTS = sorted(
     {
         (mod.__name__, name)
@@ -125,9 +127,9 @@ def test_readme_links_the_reference_and_names_every_export():
     assert not missing, f"README.md does not name {missing}"
 
 
-def test_readme_nnx_snippet_runs():
-    section = README[README.index("## Flax NNX") :]
+def test_interop_page_nnx_snippet_runs():
+    section = INTEROP[INTEROP.index("## Flax NNX") :]
     namespace: dict = {}
-    exec(compile(_python_blocks(section)[0], "README.md", "exec"), namespace)
+    exec(compile(_python_blocks(section)[0], "docs/interop.md", "exec"), namespace)
     assert jnp.isfinite(namespace["loss"])
     assert set(namespace["params"]) == {"embed", "decoder"}

@@ -208,7 +208,7 @@ def test_extend_in_chunks_equals_forward():
 
 
 def test_cache_overflow_raises():
-    """Issue 16: a 6-token prompt into a 4-slot cache, or a step past the last slot, used to
+    """A past defect: a 6-token prompt into a 4-slot cache, or a step past the last slot, used to
     write past the end silently. Exact fills work; ragged prompts count their real tokens."""
     model, params = _lm()
     extend = functools.partial(model.apply, params, method="extend")
@@ -446,7 +446,7 @@ def _ban(token):
 
 
 def test_logits_hook_bans_a_token():
-    """Issue 16: a banned token never appears, in greedy, sampled and beam decoding; the
+    """A banned token never appears, in greedy, sampled and beam decoding; the
     hook runs inside the compiled loop and its logits are what `return_logits` shows."""
     model, params = _lm()
     greedy = np.asarray(_text(model, params)[0])
@@ -715,7 +715,7 @@ def test_bfloat16_decoding_agrees_with_float32():
         _text(model, params, decode_dtype="int8")
 
 
-# Rotary positions with grouped- and multi-query attention (issue 13): keys are rotated before
+# Rotary positions with grouped- and multi-query attention: keys are rotated before
 # they are cached, and the cache holds K heads; cached decoding must equal recomputation.
 @pytest.mark.parametrize(
     "options",
@@ -751,7 +751,7 @@ def test_rope_and_grouped_query_cache_equals_full_recomputation(options):
 
 
 def test_bos_equal_to_pad_is_refused_because_the_cache_would_disagree():
-    """Issue 10, defect 1: with bos_id == pad_id, `apply` (and training) masks the BOS key
+    """A past defect: with bos_id == pad_id, `apply` (and training) masks the BOS key
     while the cached path attends to it. The disagreement is real; generation refuses it."""
     model, params = _mt()
     src = SOURCE[:1]

@@ -35,7 +35,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-WEIGHT_TOLERANCE = 1e-6  # the bound between sown and rendered weights
+WEIGHT_TOLERANCE = 1e-6  # largest gap allowed between sown and drawn weights
 # A title that would end the page's <script> early if the JSON were not escaped.
 HOSTILE_TITLE = "</script><script>throw new Error('escaped')</script> 神"
 

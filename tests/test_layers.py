@@ -87,7 +87,8 @@ def test_cross_attention_parameter_shapes_and_output():
 
 
 def test_fused_heads_equal_independent_single_heads():
-    """Seed 003: N single-head attentions, concatenated, then W_O, equal the fused module."""
+    """Raschka ch. 3, §3.6 (multi-head attention): N single-head attentions, concatenated,
+    then W_O, equal the fused module."""
     x = jax.random.normal(jax.random.key(3), (B, T, D))
     mask = causal_mask(T)
     module = MultiHeadAttention(num_heads=N)
@@ -128,7 +129,7 @@ def test_sown_weights_equal_functional_weights():
 
 
 def test_causal_and_padding_mask_is_per_example_not_per_head():
-    """Issue 16: `combine_masks(causal_mask(T), padding_mask(tokens))` used to be (B, T, S),
+    """A past defect: `combine_masks(causal_mask(T), padding_mask(tokens))` used to be (B, T, S),
     which broadcasting against (B, N, T, S) applied to head b, not example b. Now it is
     (B, 1, T, S), each example's output equals running that example alone, and a rank-3
     mask raises."""

@@ -1,4 +1,4 @@
-"""Modern decoder options (issue 13, first part): RMSNorm, gated feed-forward, bias switches."""
+"""Modern decoder options (the Llama-style stack): RMSNorm, gated feed-forward, bias switches."""
 
 import jax
 import jax.numpy as jnp

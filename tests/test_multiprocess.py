@@ -1,4 +1,4 @@
-"""Issue 15: one training run as several processes (JAX's distributed runtime, CPU collectives
+"""One training run as several processes (JAX's distributed runtime, CPU collectives
 through gloo), each feeding only its share of every batch.
 
 The slow test starts real processes on 127.0.0.1 with `train.launch_local`: 2 processes x 4

@@ -100,7 +100,7 @@ def test_nnx_params_keep_logical_axis_names_for_sharding():
     specs = nnx.get_partition_spec(state)
     qkv = specs["encoder"]["layers_0"]["self_attention"]["qkv_kernel"].get_value()
     assert tuple(qkv) == ("embed", "qkv", "heads", "kv")
-    # The README's recipe: logical names -> mesh shardings by the same rules as linen.
+    # docs/interop.md's recipe: logical names -> mesh shardings by the same rules as linen.
     shardings = nn.logical_to_mesh_sharding(specs, make_mesh(), DEFAULT_RULES)
     nnx.update(model, jax.device_put(state, shardings))
     chex.assert_trees_all_close(

@@ -1,4 +1,4 @@
-"""Precision policy and attention-kernel choice (issue 5).
+"""Precision policy and attention-kernel choice.
 
 bf16 compute keeps float32 parameters, optimizer state, norms, softmax, logits and loss; a
 short bf16 training run tracks the float32 run. The `jax_nn` attention kernel (cuDNN flash

@@ -1,4 +1,4 @@
-"""Rotary positions and grouped-query attention (issue 13): formulas, identities, models.
+"""Rotary positions and grouped-query attention: formulas, identities, models.
 
 Cached decoding with both options is tested with the other decoding tests
 (`test_decoding.test_rope_and_grouped_query_cache_equals_full_recomputation`).

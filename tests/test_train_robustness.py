@@ -1,4 +1,4 @@
-"""Issue 12: the training program's failure modes each end in one line and a documented exit
+"""The training program's failure modes each end in one line and a documented exit
 status (2 = usage: flag, config, data file; 1 = runtime: I/O, damaged checkpoint, lock held)."""
 
 import errno

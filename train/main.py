@@ -1,14 +1,15 @@
 """Train a Transformer: `python -m train.main [--config configs/<name>.py] [--workdir DIR]`.
 
 With no flags it trains the default (configs/default.py: King James -> World English Bible
-translation, ~12 minutes on a 2-core CPU) in ./runs/default. Override any config field with
-`--config.<field>=value` (e.g. `--config.num_train_steps=100 --config.model.d_model=128`).
+translation, minutes on a 2-core CPU; README.md's results table has the measured time) in
+./runs/default. Override any config field with `--config.<field>=value` (e.g.
+`--config.num_train_steps=100 --config.model.d_model=128`).
 Rerunning a command resumes from its work directory's latest checkpoint.
 
 Several processes (one per host, or several on one machine: `python -m train.launch_local`)
 run the same command with `--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
-with its own index; see train.distributed and README "Many devices".
+with its own index; see train.distributed and docs/multiprocess.md.
 
 Exit status (train.cli): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a

@@ -150,9 +150,10 @@ def _in_dtype(model, params, dtype: str):
     """The model computing in `dtype` with its floating-point weights cast to it, once.
 
     The cast runs inside the jitted program ahead of the decoding loop, so the loop reads
-    the narrow copy every step: at batch 1 a step reads every weight once, and half the
-    bytes is the point (issue 11). The cache follows `config.dtype`, so it narrows too;
-    norms, softmax and the logits stay float32 as for any `dtype` (DESIGN.md, precision).
+    the narrow copy every step: at batch 1 a step reads every weight once, so decoding is
+    bound by the bytes read, and half the bytes is the point. The cache follows
+    `config.dtype`, so it narrows too; norms, softmax and the logits stay float32 as for any
+    `dtype` (the precision convention at the top of docs/api.md).
     """
     cfg = model.config.replace(dtype=dtype, param_dtype=dtype)
 

@@ -24,9 +24,10 @@ def layer_norm(
         y = (x - mean) / sqrt(var + eps) * scale + bias     (standard: torch, flax)
         y = (x - mean) / (std + eps) * scale + bias         (eps_inside_sqrt=False)
 
-    The variance is the biased one (divide by D) in both forms. Seed 000's code uses the
-    second form with torch's unbiased std (divide by D - 1); that equals ours with `scale`
-    and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_worked_examples.py shows it).
+    The variance is the biased one (divide by D) in both forms. Happy-LLM ch. 2's LayerNorm
+    code uses the second form with torch's unbiased std (divide by D - 1); that equals ours
+    with `scale` and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_worked_examples.py
+    shows it).
     Statistics are computed in float32 and the result is cast back to `x.dtype`.
 
     Args:
