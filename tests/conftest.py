@@ -19,8 +19,11 @@ if importlib.util.find_spec("libtpu") is not None:
 # - jax's persistent compilation cache, shared by the test processes and kept between runs
 #   (a second run skips most compiles). Its entries are keyed by the program, the jax
 #   version and these flags, so a stale entry is never used; set JAX_COMPILATION_CACHE_DIR
-#   to put it elsewhere, or to "" for none. The size limit turns on jax's file lock, so two
-#   pytest-xdist workers never read an entry half written.
+#   to put it elsewhere, or to "" for none. It has no size limit: jax's limit would take a
+#   file lock and list the whole directory on every write, which stalls the test workers
+#   (a full run writes about 20,000 small entries, ~150 MB); delete the directory to reclaim
+#   it. An entry read while another worker still writes it fails to decompress, and jax
+#   then warns and compiles instead.
 _FAST_COMPILE_FLAGS = (
     "--xla_backend_optimization_level=0",
     "--xla_llvm_disable_expensive_passes=true",
@@ -29,14 +32,12 @@ _flags = os.environ.get("XLA_FLAGS", "").split()
 os.environ["XLA_FLAGS"] = " ".join(
     _flags + [f for f in _FAST_COMPILE_FLAGS if f.split("=")[0] not in "".join(_flags)]
 )
-if importlib.util.find_spec("filelock") is not None:  # requirements.txt brings it
-    os.environ.setdefault(
-        "JAX_COMPILATION_CACHE_DIR",
-        os.path.join(tempfile.gettempdir(), f"flax-transformer-tests-jax-cache-{os.getuid()}"),
-    )
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
-    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"flax-transformer-tests-jax-cache-{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest  # noqa: E402
 

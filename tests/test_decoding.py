@@ -721,7 +721,10 @@ def test_bfloat16_decoding_agrees_with_float32():
     "options",
     [
         {"positional": "rope", "num_kv_heads": 2},
-        {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
+        pytest.param(
+            {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["rope-gqa", "rope-mqa-scan"],
 )

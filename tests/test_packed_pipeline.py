@@ -211,6 +211,7 @@ def _loss_sums(task, model, params, batches) -> np.ndarray:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task_name", ["translation", "lm"])
 def test_packed_loss_equals_the_unpacked_loss(task_name):
     task, model, params = _model_and_params(task_name)

@@ -28,6 +28,7 @@ def sharded_results():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the fixture trains in a subprocess with 8 simulated devices
 @pytest.mark.parametrize("mode", ["unrolled", "scan"])
 def test_sharded_step_equals_single_device(sharded_results, mode):
     results = sharded_results[mode]
@@ -49,6 +50,7 @@ def test_sharded_step_equals_single_device(sharded_results, mode):
         assert results["8x1x1"]["qkv_shard_shape"] == results["8x1x1"]["qkv_shape"]
 
 
+@pytest.mark.slow
 def test_grouped_query_kv_heads_split_over_tensor_only_where_it_divides_them(sharded_results):
     results = sharded_results["gqa"]
     for shape, r in results.items():

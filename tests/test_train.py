@@ -124,6 +124,7 @@ def _saved_state(workdir, step):
         return checkpointer.restore(RunDir(workdir).checkpoints / str(step) / "state")
 
 
+@pytest.mark.slow  # three short runs
 def test_resume_after_kill_is_bit_identical(tmp_path):
     # Dropout and gradient accumulation on: the PRNG and MultiSteps state must resume too.
     config = tiny_config(
