@@ -34,7 +34,7 @@ import numpy as np
 from benchmarks.common import machine_line
 from configs import default
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, input_pipeline, steps
+from train import config_lib, input_pipeline, steps, train_lib
 from train.rundir import RunDir
 
 KINDS = ("bucketed", "packed")
@@ -67,29 +67,24 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/default", help="SentencePiece cache.")
     args = parser.parse_args()
 
-    configs, datasets, epochs = {}, {}, {}
+    experiments, datasets, epochs = {}, {}, {}
     run = RunDir(args.workdir)
     for kind in KINDS:
-        configs[kind] = default.get_config()
-        configs[kind].packing = PACKING[kind]
-        config_lib.validate_config(configs[kind])
-        datasets[kind] = input_pipeline.build_dataset(configs[kind], run)
+        config = default.get_config()
+        config.packing = PACKING[kind]
+        experiments[kind] = config_lib.validate_config(config)
+        datasets[kind] = input_pipeline.build_dataset(experiments[kind].data, run, seed=config.seed)
         epochs[kind] = datasets[kind].build_epoch(input_pipeline.epoch_rng(0, 0))
-    config, dataset = configs["bucketed"], datasets["bucketed"]
+    experiment, dataset = experiments["bucketed"], datasets["bucketed"]
     task = dataset.task
-    model = task.make_model(config_lib.model_config(config, dataset.tokenizer.vocab_size))
-    mesh = sharding_lib.make_mesh(*config.mesh_shape)
-    tx = steps.make_optimizer(config)
-    state = steps.create_train_state(model, task, tx, mesh, config.seed, config.rng_impl)
-    train_step, _, put_batch = steps.jit_steps(
-        model,
-        task,
-        tx,
-        state,
-        mesh,
-        label_smoothing=config.label_smoothing,
-        rng_impl=config.rng_impl,
+    mesh = sharding_lib.make_mesh(*experiment.run.mesh_shape)
+    program = train_lib.build_program(
+        experiment, task, mesh, dataset.tokenizer.vocab_size, unk_id=dataset.tokenizer.unk_id
     )
+    state = steps.create_train_state(
+        program.model, task, program.tx, mesh, experiment.run.seed, experiment.run.rng_impl
+    )
+    train_step, put_batch = program.train_step, program.put_batch
 
     def step(batch) -> float:
         nonlocal state
@@ -135,10 +130,11 @@ def main() -> None:
     }
 
     print(machine_line())
+    data = experiment.data
     print(
-        f"default config (KJV -> WEB, SentencePiece {config.vocab_size}, max_len "
-        f"{config.max_len}, buckets {tuple(config.bucket_lengths)}, tokens_per_batch "
-        f"{config.tokens_per_batch}); {args.rounds} rounds x {args.steps} steps each"
+        f"default config (KJV -> WEB, SentencePiece {data.vocab_size}, max_len "
+        f"{data.max_len}, buckets {data.bucket_lengths}, tokens_per_batch "
+        f"{data.tokens_per_batch}); {args.rounds} rounds x {args.steps} steps each"
     )
     medians = {}
     for kind in KINDS:

@@ -19,6 +19,7 @@ from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
 from train import compile_costs, config_lib, tasks, train_lib
 from train.compile_lib import abstract_batch
+from train.sections import DataConfig, Experiment
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(
@@ -177,8 +178,9 @@ def test_abstract_batch_has_the_batcher_shapes():
     config = transformer_base.get_config()
     mesh = sharding.make_mesh(-1, 1, 1)
     task = tasks.get_task(config.task)
-    train = abstract_batch(config, task, mesh, evaluation=False)
-    evaluate = abstract_batch(config, task, mesh, evaluation=True)
+    data = DataConfig.from_config(config)
+    train = abstract_batch(data, task, mesh, evaluation=False)
+    evaluate = abstract_batch(data, task, mesh, evaluation=True)
     rows = config.tokens_per_batch // config.max_len  # 97 rows of 256 tokens
     assert {k: v.shape for k, v in train.items()} == {
         k: (rows, 256) for k in ("src", "tgt_in", "tgt_out", "src_segment_ids", "tgt_segment_ids")
@@ -244,14 +246,16 @@ def test_model_formula_equals_the_traced_matrix_products(name):
     # layers scanned or not; remat adds the recomputed forward of each layer.
     config = {"default": default, "lm_kjv_llama": lm_kjv_llama}[name].get_config()
     config.update(max_len=32, bucket_lengths=(), batch_size=8, tokens_per_batch=0)
+    config.max_decode_len = 0
     task = tasks.get_task(config.task)
     mesh = sharding.make_mesh(-1, 1, 1)
     counts = {}
     for scan, remat in [(False, False), (True, False), (True, True)]:
         config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=2)
         config.model.update(scan_layers=scan, remat=remat)
-        program = train_lib.build_program(config, task, mesh, 100, unk_id=3)
-        batch = abstract_batch(config, task, mesh, evaluation=False)
+        experiment = Experiment.from_config(config)
+        program = train_lib.build_program(experiment, task, mesh, 100, unk_id=3)
+        batch = abstract_batch(experiment.data, task, mesh, evaluation=False)
         traced = program.train_step.trace(program.state_shapes, batch)
         shapes = [batch[k].shape for k in task.model_inputs]
         formula = compile_costs.model_flops(program.model, shapes)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from flax_transformer import sharding
-from train import config_lib, steps, tasks
+from train import config_lib, steps, tasks, train_lib
+from train.sections import ScheduleConfig
 
 CONFIG_NAMES = sorted(
     p.stem
@@ -54,7 +55,7 @@ def test_paper_sizes_match_table_3(name):
 
 def test_paper_learning_rate_schedule():
     config = _config("transformer_base")
-    schedule = steps.learning_rate_schedule(config)
+    schedule = ScheduleConfig.from_config(config).build()
     for t in (1, 100, 4000, 10_000, 100_000):
         paper = 512**-0.5 * min(t**-0.5, t * 4000**-1.5)  # Vaswani et al. eq. 3
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)
@@ -70,23 +71,14 @@ def test_one_train_step_at_tiny_size(name):
         config.max_len = 16
         config.bucket_lengths = ()
         config.max_decode_len = 0
-    config_lib.validate_config(config)
+    experiment = config_lib.validate_config(config)
     vocab = 50
     task = tasks.get_task(config.task)
-    model = task.make_model(config_lib.model_config(config, vocab))
-    tx = steps.make_optimizer(config)
     mesh = sharding.make_mesh(data=-1)
-    state = steps.create_train_state(model, task, tx, mesh, 0, config.rng_impl)
+    program = train_lib.build_program(experiment, task, mesh, vocab, unk_id=3)
+    state = steps.create_train_state(program.model, task, program.tx, mesh, 0, config.rng_impl)
     before = jax.tree.map(np.asarray, state.params)
-    train_step, _, put_batch = steps.jit_steps(
-        model,
-        task,
-        tx,
-        state,
-        mesh,
-        label_smoothing=config.label_smoothing,
-        rng_impl=config.rng_impl,
-    )
+    train_step, put_batch = program.train_step, program.put_batch
     rng = np.random.default_rng(0)
     keys = ("src", "tgt_in", "tgt_out") if config.task == "translation" else ("inputs", "targets")
     batch = {k: rng.integers(1, vocab, (4, 8), dtype=np.int32) for k in keys}
@@ -94,5 +86,8 @@ def test_one_train_step_at_tiny_size(name):
         state, metrics = train_step(state, put_batch(batch))
     assert int(state.step) == config.grad_accum_steps
     assert np.isfinite(float(metrics["loss"])) and float(metrics["tokens"]) == 32
+    # The step reports the rate its update used: the schedule at the run's first update.
+    first_rate = experiment.schedule.build()(0)
+    assert float(metrics["learning_rate"]) == pytest.approx(float(first_rate), rel=1e-6)
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, state.params)
     assert any(jax.tree.leaves(changed))

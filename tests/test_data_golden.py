@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
+from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_tsv
 
 from train import config_lib, input_pipeline
 from train.batching import WHOLE_BATCH, RowShare
@@ -32,7 +32,7 @@ def _digest(batches) -> str:
 def describe(config, run: RunDir, num_devices: int = 1, share: RowShare = WHOLE_BATCH) -> dict:
     """What a Dataset holds, as digests and counts."""
     config_lib.validate_config(config)
-    dataset = input_pipeline.build_dataset(config, run, num_devices=num_devices, share=share)
+    dataset = dataset_of(config, run, num_devices=num_devices, share=share)
     epochs = [dataset.build_epoch(input_pipeline.epoch_rng(config.seed, e)) for e in (0, 1)]
     texts = json.dumps(dataset.valid_examples).encode()
     return {

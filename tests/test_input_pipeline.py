@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from train_helpers import random_pairs, tiny_config, write_tiny_tsv
+from train_helpers import dataset_of, random_pairs, tiny_config, write_tiny_tsv
 
 from train import batching, input_pipeline
 from train.rundir import RunDir
@@ -112,8 +112,8 @@ def test_dataset_with_copied_targets_counts_them_apart(tmp_path):
     # One example per row, so rows can be told apart as copies (packing: test_packed_pipeline).
     config = tiny_config(write_tiny_tsv(tmp_path), copied_targets=0.5, packing="none")
     plain_config = tiny_config(write_tiny_tsv(tmp_path), packing="none")
-    plain = input_pipeline.build_dataset(plain_config, RunDir(tmp_path))
-    dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
+    plain = dataset_of(plain_config, RunDir(tmp_path))
+    dataset = dataset_of(config, RunDir(tmp_path))
     assert dataset.sizes["train"] == plain.sizes["train"]
     assert dataset.sizes["copied"] == pytest.approx(0.5 * plain.sizes["train"], abs=1)
     epoch = dataset.build_epoch(np.random.default_rng(0))

@@ -19,6 +19,7 @@ from flax_transformer import (
 from tests.train_helpers import tiny_config, write_tiny_tsv
 from train import batching, config_lib, input_pipeline, packing, steps
 from train.batching import RowShare
+from train.sections import DataConfig
 from train.tasks import TASKS, drop_target_tokens, get_task
 from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -268,9 +269,9 @@ def test_epoch_stream_resumes_packed_batches_exactly():
 
 @pytest.mark.parametrize("task_name", ["translation", "lm"])
 def test_segments_packer_packs_training_batches_only(task_name):
-    config = default.get_config()
-    config.task, config.max_len, config.tokens_per_batch = task_name, MAX_LEN, 64
-    config.bucket_lengths = (8, MAX_LEN)
+    config = default.get_config()  # the packers read only the batch shapes of the data
+    config.max_len, config.tokens_per_batch, config.bucket_lengths = MAX_LEN, 64, (8, MAX_LEN)
+    config = DataConfig.from_config(config)
     task = get_task(task_name)
     examples = _pairs() if task_name == "translation" else _documents()
     sides = [task.to_sides(example) for example in examples]

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from train_helpers import tiny_config, write_tiny_tsv
+from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import config_lib, corpora, input_pipeline, train_lib
+from train import config_lib, corpora, train_lib
 from train.rundir import RunDir
 from train.tokenizer import ByteTokenizer
 
@@ -47,7 +47,10 @@ def test_bad_config_value_from_the_command_line(tmp_path):
         str(tmp_path),
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "none.tsv does not exist" in result.stderr
+    # The model section is checked with the rest of the config, before any corpus is read.
+    assert "num_heads=3 does not divide d_model=128" in result.stderr
+    assert "--config.model.<field>" in result.stderr
+    assert "does not exist" not in result.stderr
 
 
 @pytest.mark.parametrize("field", ["copied_targets", "target_token_dropout"])
@@ -119,11 +122,11 @@ def test_out_of_range_token_id_is_caught_where_data_enters(tmp_path, monkeypatch
     monkeypatch.setattr(ByteTokenizer, "encode", lambda self, text: [300])
     config = tiny_config(write_tiny_tsv(tmp_path))
     with pytest.raises(ValueError, match=r"token id 300 at .* outside the vocabulary \[0, 260\)"):
-        input_pipeline.build_dataset(config, RunDir(tmp_path))
+        dataset_of(config, RunDir(tmp_path))
 
 
 def test_corpus_too_small_to_split(tmp_path):
     one_pair = tmp_path / "one.tsv"
     one_pair.write_text("a\tb\n")
     with pytest.raises(ValueError, match="both must be non-empty"):
-        input_pipeline.build_dataset(tiny_config(one_pair), RunDir(tmp_path))
+        dataset_of(tiny_config(one_pair), RunDir(tmp_path))

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 import pytest
-from train_helpers import tiny_config, write_tiny_tsv
+from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import checkpoint, config_lib, input_pipeline, metrics, rundir, train_lib
+from train import checkpoint, config_lib, metrics, rundir, train_lib
 from train.cli import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
 from train.rundir import RunDir
 
@@ -261,7 +261,7 @@ def test_damaged_checkpoint_in_translate_is_a_one_line_run_failure(finished_run,
 def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, caplog):
     config = tiny_config(write_tiny_tsv(tmp_path, num_pairs=num_pairs))
     with caplog.at_level(logging.WARNING):
-        dataset = input_pipeline.build_dataset(config, RunDir(tmp_path))
+        dataset = dataset_of(config, RunDir(tmp_path))
     found = [r.getMessage() for r in caplog.records if "training examples" in r.getMessage()]
     if warned:
         assert found == [

@@ -7,6 +7,8 @@ import ml_collections
 import numpy as np
 
 from configs import default
+from train import input_pipeline
+from train.sections import DataConfig
 
 # A learnable toy translation: the source words reversed and upper-cased.
 WORDS = ("ab", "cd", "ef", "gh", "ij", "kl", "mn", "op")
@@ -72,6 +74,14 @@ def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.Config
             target = target[parent]
         target[leaf] = value
     return config
+
+
+def dataset_of(config: ml_collections.ConfigDict, run, **options) -> input_pipeline.Dataset:
+    """`input_pipeline.build_dataset` as the program calls it: the config's data section and
+    seed (`options`: num_devices, share, make_tokenizer)."""
+    return input_pipeline.build_dataset(
+        DataConfig.from_config(config), run, seed=config.seed, **options
+    )
 
 
 def random_pairs(n: int, max_len: int, seed: int = 0) -> list:

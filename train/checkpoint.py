@@ -318,7 +318,7 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
         "--config and overrides: it is rewritten and the run resumes",
     )
     config = ml_collections.ConfigDict(saved)
-    tokenizer = input_pipeline.make_tokenizer(config, run)
+    tokenizer = input_pipeline.make_tokenizer(config.tokenizer, config.vocab_size, run)
     task = get_task(config.task)
     model = task.make_model(config_lib.model_config(config, tokenizer.vocab_size))
     # Only the parameters are read, into the shapes of a freshly initialised model.

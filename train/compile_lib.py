@@ -26,7 +26,7 @@ from train import compile_costs, config_lib, tasks, train_lib
 from train.cli import verbose
 from train.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
 from train.packing import get_packer
-from train.tokenizer import UNK_ID, ByteTokenizer
+from train.tokenizer import UNK_ID
 
 
 @contextlib.contextmanager
@@ -92,21 +92,18 @@ def topology_devices(topology: str, chip: Chip) -> list:
     return list(found.devices)
 
 
-def _vocab_size(config) -> int:
-    return ByteTokenizer().vocab_size if config.tokenizer == "byte" else config.vocab_size
-
-
-def abstract_batch(config, task, mesh, *, evaluation: bool) -> dict:
+def abstract_batch(data, task, mesh, *, evaluation: bool) -> dict:
     """The step's batch as ShapeDtypeStructs placed on the mesh: the task's batcher applied to
-    one synthetic example of `max_len` tokens (its longest bucket).
+    one synthetic example of `max_len` tokens (its longest bucket). `data` is the run's data
+    section (`train.sections.DataConfig`).
 
     Raises:
         ValueError: its rows do not split over the mesh's data x fsdp devices.
     """
-    example = task.to_sides(task.synthetic_example(config.max_len))
-    packer = get_packer(config.packing)
+    example = task.to_sides(task.synthetic_example(data.max_len))
+    packer = get_packer(data.packing)
     (batch, *_) = packer.batches(
-        config, task.sides, [example], None, mesh.size, evaluation=evaluation
+        data, task.sides, [example], None, mesh.size, evaluation=evaluation
     )
     rows = next(iter(batch.values())).shape[0]
     split = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -114,7 +111,7 @@ def abstract_batch(config, task, mesh, *, evaluation: bool) -> dict:
         raise ValueError(
             f"--config.batch_size / tokens_per_batch: a batch of {rows} rows does not split "
             f"over data x fsdp = {split} devices of --config.mesh_shape="
-            f"{tuple(config.mesh_shape)} ; make the rows a multiple of {split}"
+            f"{tuple(mesh.devices.shape)} ; make the rows a multiple of {split}"
         )
     sharding = sharding_lib.batch_sharding(mesh)
     return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in batch.items()}
@@ -287,14 +284,15 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
         ValueError: a bad topology or config value, named as on the command line.
     """
     chip = chip_of(topology)
-    config_lib.validate_config(config)
+    experiment = config_lib.validate_config(config)
+    data = experiment.data
     with stage(f"loading libtpu and the {topology} topology"):
         devices = topology_devices(topology, chip)
-    mesh = train_lib.make_mesh(config, devices)
-    task = tasks.get_task(config.task)
-    program = train_lib.build_program(config, task, mesh, _vocab_size(config), unk_id=UNK_ID)
-    train_batch = abstract_batch(config, task, mesh, evaluation=False)
-    eval_batch = abstract_batch(config, task, mesh, evaluation=True)
+    mesh = train_lib.make_mesh(experiment.run.mesh_shape, devices)
+    task = tasks.get_task(data.task)
+    program = train_lib.build_program(experiment, task, mesh, data.model_vocab_size, unk_id=UNK_ID)
+    train_batch = abstract_batch(data, task, mesh, evaluation=False)
+    eval_batch = abstract_batch(data, task, mesh, evaluation=True)
     train = evaluate = None
     refusal = ""
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import ml_collections
@@ -22,6 +22,9 @@ from flax_transformer import Beam, Greedy, Sample, generate_text, generate_trans
 from train import distributed
 from train.batching import default_bucket_lengths
 from train.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from train.sections import EvalConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,9 +256,12 @@ def repeated_ngram_share(texts: Sequence[str], n: int = 4) -> float:
 
 
 def validation_bleu(
-    config: ml_collections.ConfigDict, dataset, model, params: Any, beam_size: int = 1
+    evaluation: EvalConfig, dataset, model, params: Any, beam_size: int = 1
 ) -> tuple[dict, list[str]]:
     """BLEU/chrF of the model's translations of the first `bleu_examples` validation pairs.
+
+    `evaluation` is the run's eval section (`train.sections.EvalConfig`): bleu_examples,
+    bleu_tokenize and the decoding options, whose beam size `beam_size` replaces.
 
     Every process of a multi-process run must call it (they share the decoding), with
     `params` whole in each (`distributed.host_copy`).
@@ -263,13 +269,13 @@ def validation_bleu(
     Returns:
         ({bleu, chrf, repeated_4gram, examples, decoding}, the translations).
     """
-    pairs = dataset.valid_examples[: config.bleu_examples]
+    pairs = dataset.valid_examples[: evaluation.bleu_examples]
     # With several processes each translates its share of the sentences; all gather them.
     mine = [pairs[i][0] for i in distributed.share_of(len(pairs))]
-    options = dataclasses.replace(DecodeOptions.from_config(config), beam_size=beam_size)
+    options = dataclasses.replace(evaluation.decode, beam_size=beam_size)
     translated = translate(model, params, dataset.tokenizer, mine, options)
     hypotheses = distributed.gather_texts(translated, len(pairs))
-    scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], config.bleu_tokenize)
+    scores = bleu_and_chrf(hypotheses, [t for _, t in pairs], evaluation.bleu_tokenize)
     decoding = "greedy" if beam_size == 1 else f"beam {beam_size}"
     return {
         **scores,

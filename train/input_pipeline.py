@@ -1,8 +1,9 @@
-"""From an experiment config to token batches: load -> split -> tokenize -> filter -> batch.
+"""From the data section to token batches: load -> split -> tokenize -> filter -> batch.
 
 The corpora and splits live in `train.corpora`, the tokenizers in `train.tokenizer`, what an
 example is made of in the run's `train.tasks` Task, and how examples become batches in the
-run's `train.packing` packer; this module wires them together as the config says, so that
+run's `train.packing` packer; this module wires them together as the data section
+(`train.sections.DataConfig`) says, so that
 `train_lib` sees one `Dataset`, checks the ids that enter the program, and streams the
 batches resumably (`EpochStream`).
 """
@@ -16,7 +17,6 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
 
-import ml_collections
 import numpy as np
 
 from flax_transformer.inputs import check_token_range
@@ -24,6 +24,7 @@ from train import corpora
 from train.batching import WHOLE_BATCH, RowShare, filter_by_length
 from train.packing import Packer, get_packer
 from train.rundir import RunDir
+from train.sections import DataConfig
 from train.tasks import Task, get_task
 from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
 
@@ -42,7 +43,7 @@ class Dataset:
         task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
         build_epoch: rng -> one epoch of training batches (for `EpochStream`).
-        eval_batches: validation batches in a fixed order (at most num_eval_batches).
+        eval_batches: all the validation batches, in a fixed order.
         valid_examples: validation texts: (source, target) pairs or lines.
         chars_per_token: validation characters per target token (EOS counted as one
             character, the line break), to turn nats per token into bits per character.
@@ -93,27 +94,26 @@ class _Examples:
         }
 
 
-def load_examples(config: ml_collections.ConfigDict) -> list:
-    """The whole corpus the config names: (source, target) pairs or text lines.
+def load_examples(data: DataConfig) -> list:
+    """The whole corpus the data section names: (source, target) pairs or text lines.
 
     Raises:
         CorpusNotFoundError: a corpus package is not installed.
         FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
     """
-    if config.corpus == "bible":
-        return corpora.load_bible_parallel(config.direction)
-    if config.corpus == "kjv":
+    if data.corpus == "bible":
+        return corpora.load_bible_parallel(data.direction)
+    if data.corpus == "kjv":
         return corpora.load_kjv_lines()
-    if config.corpus == "kjv-web":
+    if data.corpus == "kjv-web":
         return corpora.load_kjv_web_pairs()
-    if config.corpus == "tsv":
-        return corpora.read_parallel_tsv(config.corpus_path)
-    if config.corpus == "hf":
-        fields = [f for f in config.hf_fields.split(",") if f]
+    if data.corpus == "tsv":
+        return corpora.read_parallel_tsv(data.corpus_path)
+    if data.corpus == "hf":
         return corpora.load_hf_examples(
-            config.hf_dataset, config.hf_config, config.hf_split, fields
+            data.hf_dataset, data.hf_config, data.hf_split, data.hf_field_paths
         )
-    return corpora.read_text_lines(config.corpus_path)
+    return corpora.read_text_lines(data.corpus_path)
 
 
 def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, int | str]:
@@ -141,15 +141,17 @@ def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, 
 
 
 def make_tokenizer(
-    config: ml_collections.ConfigDict,
+    kind: str,
+    vocab_size: int,
     run: RunDir,
     train_texts: Sequence[str] | None = None,
 ) -> Tokenizer:
-    """The config's tokenizer; SentencePiece is trained on the train split on first use and
+    """The run's tokenizer; SentencePiece is trained on the train split on first use and
     cached in the run directory.
 
     Args:
-        config: the experiment config (tokenizer, vocab_size).
+        kind: 'byte' or 'sentencepiece' (`--config.tokenizer`).
+        vocab_size: SentencePiece pieces (`--config.vocab_size`; unused for 'byte').
         run: the run directory, where the SentencePiece model is cached.
         train_texts: every sentence of the training split (`Task.sentences`), needed only
             when the model must be trained.
@@ -157,14 +159,14 @@ def make_tokenizer(
     Raises:
         FileNotFoundError: SentencePiece model missing and no training text given.
     """
-    if config.tokenizer == "byte":
+    if kind == "byte":
         return ByteTokenizer()
-    model_path = run.tokenizer_model(config.vocab_size)
+    model_path = run.tokenizer_model(vocab_size)
     if train_texts is None:
         return SentencePieceTokenizer(model_path)
     if not model_path.exists():
-        logging.info("Training SentencePiece (vocab %d) on the train split...", config.vocab_size)
-    return SentencePieceTokenizer.train_or_load(list(train_texts), model_path, config.vocab_size)
+        logging.info("Training SentencePiece (vocab %d) on the train split...", vocab_size)
+    return SentencePieceTokenizer.train_or_load(list(train_texts), model_path, vocab_size)
 
 
 def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
@@ -190,25 +192,29 @@ def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
 
 
 def build_dataset(
-    config: ml_collections.ConfigDict,
+    data: DataConfig,
     run: RunDir,
+    *,
+    seed: int,
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
     make_tokenizer: Callable = make_tokenizer,
 ) -> Dataset:
-    """Loads, splits, tokenizes, filters and batches the config's corpus.
+    """Loads, splits, tokenizes, filters and batches the data section's corpus.
 
     In a run of several processes every process reads and tokenizes the whole corpus (the
     length buckets and the shuffled order need every example's length, and are then the same
     everywhere), but fills only its `share` of each batch's rows.
 
     Args:
-        config: a validated experiment config.
+        data: the data section (`train.sections.DataConfig`).
         run: the run directory (SentencePiece model cache).
+        seed: the run's seed (which training targets are copied).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
-        make_tokenizer: (config, run, train texts) -> tokenizer; e.g. one that lets one
-            process train SentencePiece while the others wait for its file.
+        make_tokenizer: (kind, vocab_size, run, train texts) -> tokenizer, as
+            `make_tokenizer`; e.g. one that lets one process train SentencePiece while the
+            others wait for its file.
 
     Returns:
         The Dataset; its batches hold `share`'s rows only.
@@ -216,15 +222,15 @@ def build_dataset(
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
     """
-    task, packer = get_task(config.task), get_packer(config.packing)
-    packer.check(config, num_devices, share)
-    texts = _split(config, load_examples(config))
-    tokenizer = make_tokenizer(config, run, task.sentences(texts.train))
-    ids = _with_copies(config, _tokenize(task, tokenizer, texts))
+    task, packer = get_task(data.task), get_packer(data.packing)
+    packer.check(data, num_devices, share)
+    texts = _split(data, load_examples(data))
+    tokenizer = make_tokenizer(data.tokenizer, data.vocab_size, run, task.sentences(texts.train))
+    ids = _with_copies(data.copied_targets, seed, _tokenize(task, tokenizer, texts))
     if packer.whole_examples:
-        ids = _filter(config, task, ids)
+        ids = _filter(data.max_len, task, ids)
     _warn_if_few(ids.train)
-    build_epoch, eval_batches = _batch(config, task, packer, ids, num_devices, share)
+    build_epoch, eval_batches = _batch(data, task, packer, ids, num_devices, share)
     return Dataset(
         task=task,
         tokenizer=tokenizer,
@@ -237,18 +243,18 @@ def build_dataset(
     )
 
 
-def _split(config: ml_collections.ConfigDict, examples: list) -> _Examples:
+def _split(data: DataConfig, examples: list) -> _Examples:
     """The corpus's train, validation and test examples, as text.
 
     Raises:
         ValueError: the train or the validation split is empty.
     """
-    splits = corpora.split_examples(examples, config.valid_fraction, config.test_fraction)
+    splits = corpora.split_examples(examples, data.valid_fraction, data.test_fraction)
     if not splits.train or not splits.valid:
         raise ValueError(
             f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
             f"validation examples; both must be non-empty: use a larger corpus or raise "
-            f"--config.valid_fraction={config.valid_fraction}."
+            f"--config.valid_fraction={data.valid_fraction}."
         )
     return _Examples(splits.train, [], splits.valid, list(splits.valid), len(splits.test))
 
@@ -268,34 +274,33 @@ def _tokenize(task: Task, tokenizer: Tokenizer, texts: _Examples) -> _Examples:
     return dataclasses.replace(texts, train=train, valid=valid)
 
 
-def _with_copies(config: ml_collections.ConfigDict, ids: _Examples) -> _Examples:
-    """The examples with the copies of training targets the config asks for, chosen among
-    all training pairs (before filtering, as a resumed run must choose them again)."""
-    if not config.copied_targets:  # translation only (validate_config)
+def _with_copies(share: float, seed: int, ids: _Examples) -> _Examples:
+    """The examples with copies of a `share` of the training targets (`copied_targets`),
+    chosen among all training pairs (before filtering, as a resumed run must choose them
+    again)."""
+    if not share:  # translation only (DataConfig checks it)
         return ids
-    copies = copied_target_pairs(ids.train, config.copied_targets, config.seed)
+    copies = copied_target_pairs(ids.train, share, seed)
     return dataclasses.replace(ids, copies=copies)
 
 
-def _filter(config: ml_collections.ConfigDict, task: Task, ids: _Examples) -> _Examples:
-    """The examples that fit max_len, the validation texts kept in step with theirs.
+def _filter(max_len: int, task: Task, ids: _Examples) -> _Examples:
+    """The examples that fit `max_len`, the validation texts kept in step with theirs.
 
     Raises:
         ValueError: no training or no validation example fits.
     """
-    train, dropped = filter_by_length(ids.train, config.max_len, task.example_length)
-    copies, dropped_copies = filter_by_length(ids.copies, config.max_len, task.example_length)
-    fits = [task.example_length(example) <= config.max_len for example in ids.valid]
+    train, dropped = filter_by_length(ids.train, max_len, task.example_length)
+    copies, dropped_copies = filter_by_length(ids.copies, max_len, task.example_length)
+    fits = [task.example_length(example) <= max_len for example in ids.valid]
     valid = list(itertools.compress(ids.valid, fits))
     valid_texts = list(itertools.compress(ids.valid_texts, fits))
     dropped += dropped_copies + fits.count(False)
     if dropped:
-        logging.warning(
-            "Dropped %d examples longer than max_len=%d tokens.", dropped, config.max_len
-        )
+        logging.warning("Dropped %d examples longer than max_len=%d tokens.", dropped, max_len)
     if not train or not valid:
         raise ValueError(
-            f"No train or validation example fits --config.max_len={config.max_len}; raise it."
+            f"No train or validation example fits --config.max_len={max_len}; raise it."
         )
     return _Examples(train, copies, valid, valid_texts, ids.num_test, dropped)
 
@@ -311,7 +316,7 @@ def _warn_if_few(train: list) -> None:
 
 
 def _batch(
-    config: ml_collections.ConfigDict,
+    data: DataConfig,
     task: Task,
     packer: Packer,
     ids: _Examples,
@@ -322,13 +327,11 @@ def _batch(
     train = [task.to_sides(example) for example in ids.train + ids.copies]
     valid = [task.to_sides(example) for example in ids.valid]
     eval_batches = packer.batches(
-        config, task.sides, valid, None, num_devices, share, evaluation=True
+        data, task.sides, valid, None, num_devices, share, evaluation=True
     )
-    if config.num_eval_batches:
-        eval_batches = eval_batches[: config.num_eval_batches]
 
     def build_epoch(rng: np.random.Generator) -> list:
-        return packer.batches(config, task.sides, train, rng, num_devices, share)
+        return packer.batches(data, task.sides, train, rng, num_devices, share)
 
     return build_epoch, eval_batches
 

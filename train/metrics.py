@@ -184,10 +184,8 @@ def progress_bar(total: int, initial: int, enabled: bool = True):
 class TrainLog:
     """Collects per-step metric sums, checks them for NaN/inf, and writes summaries."""
 
-    def __init__(self, schedule, accum_steps: int, checkpointer):
-        """Args: the learning-rate schedule (for the logged rate), grad_accum_steps, and the
-        run's Checkpointer (named in the divergence message)."""
-        self.schedule, self.accum_steps = jax.jit(schedule), accum_steps
+    def __init__(self, checkpointer):
+        """Args: the run's Checkpointer (named in the divergence message)."""
         self.checkpointer = checkpointer
         self.pending: list[tuple[int, dict]] = []
         self.restart_clock()
@@ -230,8 +228,7 @@ class TrainLog:
         sums = {k: sum(float(m[k]) for m in fetched) for k in SUM_KEYS}
         summary = summarize(sums)
         summary["grad_norm"] = float(np.mean([float(m["grad_norm"]) for m in fetched]))
-        last_step = self.pending[-1][0]
-        summary["learning_rate"] = float(self.schedule((last_step - 1) // self.accum_steps))
+        summary["learning_rate"] = float(fetched[-1]["learning_rate"])  # the last step's
         elapsed = time.perf_counter() - self.start
         summary["tokens_per_sec"] = self.tokens / max(elapsed, 1e-9)
         self.pending = []

@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import ml_collections
 import numpy as np
 
 from train.batching import (
@@ -52,6 +52,9 @@ from train.batching import (
     slots_NK,
 )
 from train.tokenizer import PAD_ID
+
+if TYPE_CHECKING:
+    from train.sections import DataConfig
 
 # Examples packed together. First-fit decreasing compares each example with every row of
 # its window, so the cost grows with the window; 4096 loses < 0.1% fill against packing the
@@ -300,18 +303,18 @@ class Packer:
     whole_examples: bool = True
     extra_labels: int = 1
 
-    def check(self, config: ml_collections.ConfigDict, num_devices: int, share: RowShare):
+    def check(self, data: DataConfig, num_devices: int, share: RowShare):
         """Raises ValueError, before any data is read, for rows that cannot be split over
         the `num_devices` devices or `share.count` processes."""
-        if config.batch_size and config.batch_size % share.count:
+        if data.batch_size and data.batch_size % share.count:
             raise ValueError(
-                f"--config.batch_size={config.batch_size} must be a multiple of the "
+                f"--data.batch_size={data.batch_size} must be a multiple of the "
                 f"{share.count} processes the batch is split over."
             )
 
     def batches(
         self,
-        config: ml_collections.ConfigDict,
+        data: DataConfig,
         sides: Sequence[Side],
         examples: Sequence[SideTokens],
         rng: np.random.Generator | None,
@@ -320,11 +323,10 @@ class Packer:
         *,
         evaluation: bool = False,
     ) -> list[Batch]:
-        """Batches of the examples as the config says; only `share`'s rows are built.
+        """Batches of the examples as the data section says; only `share`'s rows are built.
 
         Args:
-            config: the experiment config (max_len, bucket_lengths, batch_size,
-                tokens_per_batch).
+            data: the data section (max_len, bucket_lengths, batch_size, tokens_per_batch).
             sides, examples: the task's sides and each example's tokens on them.
             rng: the epoch's generator (`input_pipeline.epoch_rng`); None keeps input order.
             num_devices: every batch's row count is a multiple of it.
@@ -340,16 +342,16 @@ class Bucketing(Packer):
     name = "none"
 
     def batches(
-        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
     ):
         del evaluation  # the same batches either way
         return bucketed_batches(
             sides,
             examples,
-            bucket_lengths=tuple(config.bucket_lengths) or default_bucket_lengths(config.max_len),
+            bucket_lengths=data.bucket_lengths or default_bucket_lengths(data.max_len),
             rng=rng,
             share=share,
-            **_rows(config, num_devices),
+            **_rows(data, num_devices),
         )
 
 
@@ -363,17 +365,17 @@ class Segments(Packer):
     name = "segments"
 
     def batches(
-        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
     ):
         if evaluation:
-            return PACKERS["none"].batches(config, sides, examples, rng, num_devices, share)
+            return PACKERS["none"].batches(data, sides, examples, rng, num_devices, share)
         return segment_batches(
             sides,
             examples,
-            length=config.max_len,
+            length=data.max_len,
             rng=rng,
             share=share,
-            **_rows(config, num_devices),
+            **_rows(data, num_devices),
         )
 
 
@@ -385,33 +387,34 @@ class Stream(Packer):
     whole_examples = False
     extra_labels = 2
 
-    def check(self, config, num_devices, share):
-        if config.batch_size % num_devices:
+    def check(self, data, num_devices, share):
+        if data.batch_size % num_devices:
             raise ValueError(
-                f"--config.batch_size={config.batch_size} must be a multiple of the "
+                f"--data.batch_size={data.batch_size} must be a multiple of the "
                 f"{num_devices} devices the batch is split over."
             )
-        super().check(config, num_devices, share)
+        super().check(data, num_devices, share)
 
     def batches(
-        self, config, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
     ):
         del num_devices, evaluation  # check() saw to the devices; validation streams too
         return stream_batches(
             sides,
             examples,
-            seq_len=config.max_len,
-            batch_size=config.batch_size,
+            seq_len=data.max_len,
+            batch_size=data.batch_size,
             rng=rng,
             share=share,
         )
 
 
-def _rows(config: ml_collections.ConfigDict, num_devices: int) -> dict:
-    """The row-count arguments of bucketed and segment batches, as the config sets them."""
+def _rows(data: DataConfig, num_devices: int) -> dict:
+    """The row-count arguments of bucketed and segment batches, as the data section sets
+    them."""
     return dict(
-        batch_size=config.batch_size or None,
-        tokens_per_batch=config.tokens_per_batch or None,
+        batch_size=data.batch_size or None,
+        tokens_per_batch=data.tokens_per_batch or None,
         batch_size_multiple=num_devices,
     )
 

@@ -1,5 +1,5 @@
-"""Train state, the optimizer, the jitted train and eval steps, and their data-parallel
-placement.
+"""Train state, the jitted train and eval steps, and their data-parallel placement (the
+optimizer and its schedule are built by their config sections, `train.sections`).
 
 Data parallelism goes through `jax.sharding`: a mesh over all devices
 (`flax_transformer.sharding.make_mesh`), the batch split along its rows, parameters and
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import flax
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import linen as nn
 
@@ -28,66 +27,6 @@ from train.tokenizer import UNK_ID
 
 if TYPE_CHECKING:
     from train.tasks import Task
-
-
-def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
-    """Learning rate as a function of the optimizer update count (from 0).
-
-    - 'rsqrt' (Vaswani et al. 2017, eq. 3, with the peak as a parameter): linear warm-up to
-      `learning_rate` over `warmup_steps`, then `learning_rate * sqrt(warmup_steps / t)`.
-      The paper's `d_model**-0.5 * min(t**-0.5, t * warmup**-1.5)` is this schedule with
-      `learning_rate = (d_model * warmup_steps) ** -0.5`.
-    - 'cosine': linear warm-up, then cosine decay to 0 at the last update.
-    The first update (count 0) already gets `learning_rate / warmup_steps`, not 0.
-    - 'constant': linear warm-up, then constant.
-
-    Args:
-        config: learning_rate, schedule, warmup_steps, num_train_steps, grad_accum_steps.
-
-    Returns:
-        An optax schedule (update count -> learning rate).
-    """
-    peak, warmup = config.learning_rate, config.warmup_steps
-    total_updates = max(config.num_train_steps // config.grad_accum_steps, 1)
-
-    def schedule(count):
-        t = jnp.asarray(count, jnp.float32) + 1.0  # the update being made, from 1
-        warm = jnp.minimum(t / warmup, 1.0) if warmup else 1.0
-        if config.schedule == "constant":
-            return peak * warm
-        if config.schedule == "cosine":
-            progress = jnp.clip((t - warmup) / max(total_updates - warmup, 1), 0.0, 1.0)
-            return peak * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-        decay = jnp.sqrt(max(warmup, 1) / jnp.maximum(t, max(warmup, 1)))
-        return peak * warm * decay
-
-    return schedule
-
-
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-    """Global-norm clipping, then Adam or AdamW on the schedule; MultiSteps when accumulating.
-
-    With `grad_accum_steps = k > 1`, `optax.MultiSteps` averages k micro-batch gradients and
-    updates the parameters on every k-th call (the schedule counts updates, not calls).
-
-    Args:
-        config: optimizer, learning-rate and clipping fields of the experiment config.
-
-    Returns:
-        The optax transformation.
-    """
-    schedule = learning_rate_schedule(config)
-    if config.optimizer == "adamw":
-        opt = optax.adamw(
-            schedule, b1=config.b1, b2=config.b2, eps=config.eps, weight_decay=config.weight_decay
-        )
-    else:
-        opt = optax.adam(schedule, b1=config.b1, b2=config.b2, eps=config.eps)
-    if config.grad_clip_norm:
-        opt = optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), opt)
-    if config.grad_accum_steps > 1:
-        opt = optax.MultiSteps(opt, every_k_schedule=config.grad_accum_steps)
-    return opt
 
 
 @flax.struct.dataclass
@@ -209,6 +148,7 @@ def train_step(
     rng_impl: str,
     target_token_dropout: float = 0.0,
     unk_id: int = UNK_ID,
+    learning_rate: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
 
@@ -221,9 +161,12 @@ def train_step(
         target_token_dropout: word-dropout rate of the task's decoder inputs
             (translation only; 0 = off).
         unk_id: the id that dropped decoder inputs become.
+        learning_rate: the rate of this step's update as a function of the micro-batch
+            steps done before it (`state.step`); reported in the metrics when given.
 
     Returns:
-        (new state, metric sums: loss, nll, correct, tokens, grad_norm).
+        (new state, metric sums: loss, nll, correct, tokens; grad_norm and learning_rate
+        of this step).
     """
     key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
     key, dropout_key = jax.random.split(key)
@@ -249,6 +192,8 @@ def train_step(
     params = optax.apply_updates(state.params, updates)
     metrics = _token_metrics(*aux)
     metrics["grad_norm"] = optax.tree.norm(grads)
+    if learning_rate is not None:
+        metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
     new_state = state.replace(
         step=state.step + 1,
         params=params,
@@ -297,6 +242,7 @@ def jit_steps(
     target_token_dropout: float = 0.0,
     unk_id: int = UNK_ID,
     share: RowShare = WHOLE_BATCH,
+    learning_rate: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[Callable, Callable, Callable]:
     """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
 
@@ -306,6 +252,8 @@ def jit_steps(
         state: the TrainState, or its `train_state_shapes` (only its shardings are read).
         share: the rows of each global batch that this process's numpy batches hold
             (`train.distributed.batch_row_share`); all of them in a single process.
+        label_smoothing, rng_impl, target_token_dropout, unk_id, learning_rate: as in
+            `train_step`.
 
     Returns:
         (train_step(state, batch), eval_step(params, batch), put_batch(numpy batch)).
@@ -325,6 +273,7 @@ def jit_steps(
                 rng_impl=rng_impl,
                 target_token_dropout=target_token_dropout,
                 unk_id=unk_id,
+                learning_rate=learning_rate,
             ),
             mesh,
             rules,

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import linen as nn
 
@@ -27,13 +26,16 @@ from flax_transformer import (
 )
 from train import decoding, distributed
 from train.batching import Side, SideTokens, example_slots
-from train.decoding import DecodeOptions, sample_text
+from train.decoding import sample_text
 from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
 
 Batch = dict[str, np.ndarray]
+
+if TYPE_CHECKING:
+    from train.sections import EvalConfig
 
 
 def drop_target_tokens(
@@ -159,18 +161,17 @@ class Task:
         return batch
 
     def interim_scores(
-        self, config: ml_collections.ConfigDict, dataset, model: nn.Module, params: Any
+        self, evaluation: EvalConfig, dataset, model: nn.Module, params: Any
     ) -> tuple[str, dict, str] | None:
         """Scores computed during training: (metrics split, record, line to print), or None.
 
         Every process of a run calls it (any decoding is shared), with the placed params.
+        `evaluation` is the run's eval section (`train.sections.EvalConfig`).
         """
-        del config, dataset, model, params
+        del evaluation, dataset, model, params
         return None
 
-    def final_outputs(
-        self, config: ml_collections.ConfigDict, dataset, model: nn.Module, params: Any
-    ) -> dict:
+    def final_outputs(self, evaluation: EvalConfig, dataset, model: nn.Module, params: Any) -> dict:
         """What a run ends with besides the validation loss (scores, samples)."""
         raise NotImplementedError
 
@@ -240,11 +241,15 @@ class TranslationTask(Task):
         )
         return batch
 
-    def interim_scores(self, config, dataset, model, params):
-        if not config.bleu_examples:
+    def interim_scores(self, evaluation, dataset, model, params):
+        if not evaluation.bleu_examples:
             return None
         scores, _ = decoding.validation_bleu(
-            config, dataset, model, distributed.host_copy(params), beam_size=config.beam_size
+            evaluation,
+            dataset,
+            model,
+            distributed.host_copy(params),
+            beam_size=evaluation.decode.beam_size,
         )
         return (
             "bleu",
@@ -253,7 +258,7 @@ class TranslationTask(Task):
             f"({scores['examples']} sentences, {scores['decoding']})",
         )
 
-    def final_outputs(self, config, dataset, model, params):
+    def final_outputs(self, evaluation, dataset, model, params):
         """On the first `bleu_examples` validation pairs: BLEU/chrF and the share of looping
         outputs for greedy decoding and for beam search (`report_beam_size`), the
         copy-the-source baseline where the config asks for it, and `num_samples` pairs side
@@ -264,25 +269,25 @@ class TranslationTask(Task):
             'copy_baseline': {bleu, chrf} (if copy_baseline), 'samples': [{source,
             reference, model[, model_beam]}]}; no scores when bleu_examples is 0.
         """
-        pairs = dataset.valid_examples[: config.bleu_examples]
+        pairs = dataset.valid_examples[: evaluation.bleu_examples]
         if not pairs:
             return {"samples": []}
         results = {}
-        results["bleu"], greedy = decoding.validation_bleu(config, dataset, model, params)
-        shown = range(min(config.num_samples, len(pairs)))
+        results["bleu"], greedy = decoding.validation_bleu(evaluation, dataset, model, params)
+        shown = range(min(evaluation.num_samples, len(pairs)))
         samples = [
             {"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown
         ]
-        if config.report_beam_size > 1:
+        if evaluation.report_beam_size > 1:
             results["bleu_beam"], beam = decoding.validation_bleu(
-                config, dataset, model, params, beam_size=config.report_beam_size
+                evaluation, dataset, model, params, beam_size=evaluation.report_beam_size
             )
             for i in shown:
                 samples[i]["model_beam"] = beam[i]
-        if config.copy_baseline:
+        if evaluation.copy_baseline:
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
             results["copy_baseline"] = {
-                **decoding.bleu_and_chrf(sources, references, config.bleu_tokenize),
+                **decoding.bleu_and_chrf(sources, references, evaluation.bleu_tokenize),
                 "repeated_4gram": decoding.repeated_ngram_share(sources),
             }
         return {**results, "samples": samples}
@@ -333,13 +338,12 @@ class LanguageModelTask(Task):
     def targets(self, examples):
         return list(examples)
 
-    def final_outputs(self, config, dataset, model, params):
+    def final_outputs(self, evaluation, dataset, model, params):
         """The `sample_prompts` continued by the model: {'samples': [{prompt, model}]}."""
-        prompts = list(config.sample_prompts)
+        prompts = list(evaluation.sample_prompts)
         if not prompts:
             return {"samples": []}
-        options = DecodeOptions.from_config(config)
-        outputs = sample_text(model, params, dataset.tokenizer, prompts, options)
+        outputs = sample_text(model, params, dataset.tokenizer, prompts, evaluation.decode)
         return {
             "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
         }

@@ -36,6 +36,7 @@ from train.metrics import (
     progress_bar,
 )
 from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
+from train.sections import Experiment
 from train.tasks import Task
 
 
@@ -58,14 +59,15 @@ def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: b
         atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
-def _shared_tokenizer(config, run, train_texts):
-    """The config's tokenizer, trained (SentencePiece) by process 0 only: the others wait
-    for its file in the (shared) work directory and read it, so all use the same one."""
+def _shared_tokenizer(kind, vocab_size, run, train_texts):
+    """The run's tokenizer (`input_pipeline.make_tokenizer`), trained (SentencePiece) by
+    process 0 only: the others wait for its file in the (shared) work directory and read it,
+    so all use the same one."""
     if distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(config, run, train_texts)
+        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run, train_texts)
     distributed.barrier("tokenizer")
     if not distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(config, run)
+        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run)
     return tokenizer
 
 
@@ -80,17 +82,18 @@ class _Discard:
 
 
 def make_mesh(
-    config: ml_collections.ConfigDict, devices: Sequence[jax.Device] | None = None
+    mesh_shape: Sequence[int], devices: Sequence[jax.Device] | None = None
 ) -> jax.sharding.Mesh:
-    """The `(data, fsdp, tensor)` mesh of `config.mesh_shape` over `devices` (default: all).
+    """The `(data, fsdp, tensor)` mesh of `mesh_shape` (`--config.mesh_shape`, the run
+    section's) over `devices` (default: all).
 
     Raises:
         ValueError: the sizes do not fill the devices (names --config.mesh_shape).
     """
     try:
-        return sharding_lib.make_mesh(*config.mesh_shape, devices=devices)
+        return sharding_lib.make_mesh(*mesh_shape, devices=devices)
     except ValueError as err:
-        raise ValueError(f"--config.mesh_shape={tuple(config.mesh_shape)}: {err}") from None
+        raise ValueError(f"--config.mesh_shape={tuple(mesh_shape)}: {err}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +118,7 @@ class Program:
 
 
 def build_program(
-    config: ml_collections.ConfigDict,
+    experiment: Experiment,
     task: Task,
     mesh: jax.sharding.Mesh,
     vocab_size: int,
@@ -123,34 +126,39 @@ def build_program(
     unk_id: int,
     share: RowShare = WHOLE_BATCH,
 ) -> Program:
-    """The model, optimizer and jitted steps of `config` on `mesh`: what `train_and_evaluate`
+    """The model, optimizer and jitted steps of `experiment` on `mesh`: what `train_and_evaluate`
     runs, and what `train.compile` compiles ahead of time for a TPU topology.
 
+    The learning-rate schedule is built here, once: the optimizer follows it and the train
+    step reports it (`learning_rate` in its metrics).
+
     Args:
-        config: a validated experiment config.
+        experiment: the run's config sections (`train.sections.Experiment`); its model,
+            optimizer, schedule, step and run sections are read.
         task: its `train.tasks` Task.
         mesh: the device mesh (`make_mesh`).
         vocab_size: the tokenizer's vocabulary size.
         unk_id: the tokenizer's unknown id (the target of word dropout).
         share: this process's rows of each global batch.
-
-    Raises:
-        ValueError: an invalid model field (named as `--config.model.<field>`).
     """
-    model = task.make_model(config_lib.model_config(config, vocab_size))
-    tx = steps.make_optimizer(config)
-    shapes = steps.train_state_shapes(model, task, tx, mesh, config.seed, config.rng_impl)
+    run = experiment.run
+    model = task.make_model(dataclasses.replace(experiment.model, vocab_size=vocab_size))
+    schedule = experiment.schedule.build()
+    tx = experiment.optimizer.build(schedule)
+    accum = experiment.optimizer.grad_accum_steps
+    shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(
         model,
         task,
         tx,
         shapes,
         mesh,
-        label_smoothing=config.label_smoothing,
-        rng_impl=config.rng_impl,
-        target_token_dropout=config.target_token_dropout,
+        label_smoothing=experiment.step.label_smoothing,
+        rng_impl=run.rng_impl,
+        target_token_dropout=experiment.step.target_token_dropout,
         unk_id=unk_id,
         share=share,
+        learning_rate=lambda step: schedule(step // accum),  # micro-batch steps -> updates
     )
     return Program(model, tx, shapes, train_step, eval_step, put_batch)
 
@@ -209,23 +217,24 @@ def train_and_evaluate(
         TrainingDivergedError: the loss became NaN or infinite (names the step); a
             RunFailure too.
     """
-    config_lib.validate_config(config)
+    experiment = config_lib.validate_config(config)  # the sections; the config is not read again
     run = RunDir(prepare_workdir(workdir))
     # One run per work directory; released on any exit. Process 0 holds it for the run.
     lock = WorkdirLock(run.path) if distributed.is_primary() else contextlib.nullcontext()
     with lock:
-        checkpointer = Checkpointer(run.path, keep=config.keep_checkpoints)
+        checkpointer = Checkpointer(run.path, keep=experiment.run.keep_checkpoints)
         try:
-            return _run(config, run, checkpointer, step_callback)
+            _check_resumable(config, run, checkpointer.latest_step() is not None)
+            return _run(experiment, run, checkpointer, step_callback)
         finally:
             checkpointer.close()
 
 
-def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
+def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
     """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
+    settings = experiment.run
     latest = checkpointer.latest_step()
-    _check_resumable(config, run, latest is not None)
-    if latest is not None and latest >= config.num_train_steps and run.results.exists():
+    if latest is not None and latest >= settings.num_train_steps and run.results.exists():
         logging.info("%s already finished %d steps; its results:", run.path, latest)
         results = read_json(
             run.results,
@@ -234,16 +243,21 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         if distributed.is_primary():
             print(format_report(results), flush=True)
         return results
-    mesh = make_mesh(config)
+    mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
     dataset = input_pipeline.build_dataset(
-        config, run, num_devices=mesh.size, share=share, make_tokenizer=_shared_tokenizer
+        experiment.data,
+        run,
+        seed=settings.seed,
+        num_devices=mesh.size,
+        share=share,
+        make_tokenizer=_shared_tokenizer,
     )
     _check_same_data(dataset.fingerprint, run, latest is not None)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     task = dataset.task
     program = build_program(
-        config,
+        experiment,
         task,
         mesh,
         dataset.tokenizer.vocab_size,
@@ -251,7 +265,9 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         share=share,
     )
     model = program.model
-    state = steps.create_train_state(model, task, program.tx, mesh, config.seed, config.rng_impl)
+    state = steps.create_train_state(
+        model, task, program.tx, mesh, settings.seed, settings.rng_impl
+    )
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
@@ -259,17 +275,17 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
         state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
-    stream = input_pipeline.EpochStream(dataset.build_epoch, seed=config.seed, state=stream_state)
+    stream = input_pipeline.EpochStream(dataset.build_epoch, seed=settings.seed, state=stream_state)
     train_step, eval_step, put_batch = program.train_step, program.eval_step, program.put_batch
     primary = distributed.is_primary()
     writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
-    log = TrainLog(steps.learning_rate_schedule(config), config.grad_accum_steps, checkpointer)
+    log = TrainLog(checkpointer)
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
+    evaluation = experiment.eval
+    eval_batches = dataset.eval_batches[: evaluation.num_eval_batches or None]
 
     def run_eval(step: int) -> dict:
-        valid = evaluate_loss(
-            eval_step, state.params, dataset.eval_batches, put_batch, chars_per_token
-        )
+        valid = evaluate_loss(eval_step, state.params, eval_batches, put_batch, chars_per_token)
         writer.write(step, "valid", valid)
         return valid
 
@@ -284,7 +300,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
             )
         checkpointer.save(step, state, {"stream": stream.state_dict(), "step": step})
 
-    total, valid = config.num_train_steps, None
+    total, valid = settings.num_train_steps, None
     with progress_bar(total, int(state.step), enabled=primary) as bar:
         say = bar.write if primary else lambda text: None
         for step in range(int(state.step) + 1, total + 1):
@@ -293,7 +309,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
             # This process's rows only: with equal shares, times the share count is the whole.
             log.add(step, metrics, task.tokens_in(batch) * share.count)
             bar.update(1)
-            if step % config.log_every_steps == 0 or step == total:
+            if step % settings.log_every_steps == 0 or step == total:
                 summary = log.check()
                 writer.write(step, "train", summary)
                 bar.set_postfix(
@@ -301,21 +317,22 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
                     lr=f"{summary['learning_rate']:.2e}",
                     tok_s=f"{summary['tokens_per_sec']:.0f}",
                 )
-            if step % config.eval_every_steps == 0 or step == total:
+            if step % settings.eval_every_steps == 0 or step == total:
                 valid = run_eval(step)
                 say(
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
                 )
-            if config.bleu_every_steps and step % config.bleu_every_steps == 0 and step < total:
-                scored = task.interim_scores(config, dataset, model, state.params)
+            every = settings.bleu_every_steps
+            if every and step % every == 0 and step < total:
+                scored = task.interim_scores(evaluation, dataset, model, state.params)
                 if scored is not None:
                     split, record, line = scored
                     writer.write(step, split, record)
                     say(f"step {step}: {line}")
-            if step % config.checkpoint_every_steps == 0 or step == total:
+            if step % settings.checkpoint_every_steps == 0 or step == total:
                 save(step)
-            if step % config.log_every_steps == 0:
+            if step % settings.log_every_steps == 0:
                 log.restart_clock()  # tokens/s counts training time only
             if step_callback is not None:
                 step_callback(step)
@@ -325,7 +342,7 @@ def _run(config, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict
     results = {
         "step": step,
         "valid": valid,
-        **task.final_outputs(config, dataset, model, distributed.host_copy(state.params)),
+        **task.final_outputs(evaluation, dataset, model, distributed.host_copy(state.params)),
     }
     if "bleu" in results:
         writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
