@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -230,19 +231,35 @@ def train_and_evaluate(
             checkpointer.close()
 
 
-def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
-    """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
+def _finished_results(run: RunDir, latest: int | None, num_train_steps: int) -> dict | None:
+    """The results of a run that already trained every step and wrote them, else None."""
+    if latest is None or latest < num_train_steps or not run.results.exists():
+        return None
+    logging.info("%s already finished %d steps; its results:", run.path, latest)
+    results = read_json(
+        run.results,
+        "delete it and rerun: the final evaluation is redone from the last checkpoint",
+    )
+    if distributed.is_primary():
+        print(format_report(results), flush=True)
+    return results
+
+
+class _Start(NamedTuple):
+    """Where a run's training loop starts: its data, program and (restored) state."""
+
+    dataset: input_pipeline.Dataset
+    program: Program
+    state: steps.TrainState
+    stream: input_pipeline.EpochStream
+    share: RowShare
+
+
+def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
+    """Builds the data and the program of a run, then its state: fresh, or the newest good
+    checkpoint's with the data stream where it stopped."""
     settings = experiment.run
-    latest = checkpointer.latest_step()
-    if latest is not None and latest >= settings.num_train_steps and run.results.exists():
-        logging.info("%s already finished %d steps; its results:", run.path, latest)
-        results = read_json(
-            run.results,
-            "delete it and rerun: the final evaluation is redone from the last checkpoint",
-        )
-        if distributed.is_primary():
-            print(format_report(results), flush=True)
-        return results
+    resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
     dataset = input_pipeline.build_dataset(
@@ -253,35 +270,39 @@ def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_c
         share=share,
         make_tokenizer=_shared_tokenizer,
     )
-    _check_same_data(dataset.fingerprint, run, latest is not None)
+    _check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
-    task = dataset.task
+    tokenizer = dataset.tokenizer
     program = build_program(
-        experiment,
-        task,
-        mesh,
-        dataset.tokenizer.vocab_size,
-        unk_id=dataset.tokenizer.unk_id,
-        share=share,
+        experiment, dataset.task, mesh, tokenizer.vocab_size, unk_id=tokenizer.unk_id, share=share
     )
-    model = program.model
     state = steps.create_train_state(
-        model, task, program.tx, mesh, settings.seed, settings.rng_impl
+        program.model, dataset.task, program.tx, mesh, settings.seed, settings.rng_impl
     )
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     stream_state = None
-    if checkpointer.latest_step() is not None:
+    if resuming:
         state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = input_pipeline.EpochStream(dataset.build_epoch, seed=settings.seed, state=stream_state)
+    return _Start(dataset, program, state, stream, share)
+
+
+def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
+    """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
+    settings, evaluation = experiment.run, experiment.eval
+    finished = _finished_results(run, checkpointer.latest_step(), settings.num_train_steps)
+    if finished is not None:
+        return finished
+    dataset, program, state, stream, share = _start(experiment, run, checkpointer)
+    task, model = dataset.task, program.model
     train_step, eval_step, put_batch = program.train_step, program.eval_step, program.put_batch
     primary = distributed.is_primary()
     writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
     log = TrainLog(checkpointer)
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
-    evaluation = experiment.eval
     eval_batches = dataset.eval_batches[: evaluation.num_eval_batches or None]
 
     def run_eval(step: int) -> dict:
@@ -344,12 +365,19 @@ def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_c
         "valid": valid,
         **task.final_outputs(evaluation, dataset, model, distributed.host_copy(state.params)),
     }
+    _report(run, writer, results, primary)
+    return results
+
+
+def _report(run: RunDir, writer, results: dict, primary: bool) -> None:
+    """Writes the final scores, the loss curve and results.json (process 0), and prints the
+    report."""
     if "bleu" in results:
-        writer.write(step, "bleu", {k: results["bleu"][k] for k in ("bleu", "chrf")})
+        scores = {k: results["bleu"][k] for k in ("bleu", "chrf")}
+        writer.write(results["step"], "bleu", scores)
     writer.close()
     if not primary:
-        return results
+        return
     plot_loss_curve(run)
     atomic_write_text(run.results, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(format_report(results), flush=True)
-    return results
