@@ -39,6 +39,17 @@ LABEL_SMOOTHING = 0.1
 POSITIONALS = ["sinusoidal", "learned", "rope"]
 
 
+def _cases(quick):
+    """(positional, scan_layers) for every positional, unrolled and scanned; the cases not in
+    `quick` are marked slow (the quick run keeps two that between them cover scan, and the
+    full run checks all six)."""
+    return [
+        pytest.param(p, s, marks=() if (p, s) in quick else pytest.mark.slow)
+        for p in POSITIONALS
+        for s in (False, True)
+    ]
+
+
 def _example(key: int, length: int) -> np.ndarray:
     """Random non-pad ids (pad_id 0 never drawn)."""
     return np.asarray(jax.random.randint(jax.random.key(key), (length,), 1, V), np.int32)
@@ -108,8 +119,7 @@ def _assert_examples_match(packed_logits, alone_logits, rows):
         chex.assert_trees_all_close(got, want, atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("positional, scan_layers", _cases({("sinusoidal", False), ("rope", True)}))
 def test_packed_lm_matches_each_example_alone(positional, scan_layers):
     cfg = CONFIG.replace(positional=positional, scan_layers=scan_layers)
     model = DecoderOnlyTransformer(cfg)
@@ -129,8 +139,7 @@ def test_packed_lm_matches_each_example_alone(positional, scan_layers):
     )
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("positional, scan_layers", _cases({("learned", False), ("rope", True)}))
 def test_packed_translation_matches_each_example_alone(positional, scan_layers):
     cfg = CONFIG.replace(positional=positional, scan_layers=scan_layers)
     model = Transformer(cfg)
@@ -154,7 +163,10 @@ def test_packed_translation_matches_each_example_alone(positional, scan_layers):
     )
 
 
-@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize(
+    "positional",
+    [p if p == "rope" else pytest.param(p, marks=pytest.mark.slow) for p in POSITIONALS],
+)
 def test_packed_gradients_are_finite_and_equal_the_unpacked_ones(positional):
     """The gradient of the summed loss is the same whether the examples are packed or not."""
     cfg = CONFIG.replace(positional=positional)

@@ -143,8 +143,15 @@ def _to_mha(params, num_heads: int, cross_names=("cross_attention",)):
     return walk(params)
 
 
-@pytest.mark.parametrize("kv_heads", [2, 1])
-@pytest.mark.parametrize("kind", ["decoder_only", "encoder_decoder"])
+@pytest.mark.parametrize(
+    "kind, kv_heads",
+    [
+        ("decoder_only", 2),
+        pytest.param("decoder_only", 1, marks=pytest.mark.slow),
+        pytest.param("encoder_decoder", 2, marks=pytest.mark.slow),
+        ("encoder_decoder", 1),  # multi-query, through self- and cross-attention
+    ],
+)
 def test_grouped_query_equals_multi_head_with_repeated_kv_heads(kind, kv_heads):
     options = dict(SMALL, positional="rope")
     if kind == "decoder_only":

@@ -99,8 +99,16 @@ class TorchCausalLM(nn.Module):
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
-@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scan"])
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize(
+    "norm_first, scan_layers",
+    [
+        (False, False),
+        pytest.param(False, True, marks=pytest.mark.slow),
+        pytest.param(True, False, marks=pytest.mark.slow),
+        (True, True),
+    ],
+    ids=["post_norm-unrolled", "post_norm-scan", "pre_norm-unrolled", "pre_norm-scan"],
+)
 def test_torch_transformer_logits(norm_first, scan_layers):
     ref = _randomize(TorchSeq2Seq(norm_first), seed=1)
     config = config_from_torch(
@@ -117,8 +125,16 @@ def test_torch_transformer_logits(norm_first, scan_layers):
     np.testing.assert_allclose(np.asarray(got)[real], expected[real], atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scan"])
-@pytest.mark.parametrize("norm_first", [False, True], ids=["post_norm", "pre_norm"])
+@pytest.mark.parametrize(
+    "norm_first, scan_layers",
+    [
+        (False, False),
+        pytest.param(False, True, marks=pytest.mark.slow),
+        pytest.param(True, False, marks=pytest.mark.slow),
+        (True, True),
+    ],
+    ids=["post_norm-unrolled", "post_norm-scan", "pre_norm-unrolled", "pre_norm-scan"],
+)
 def test_torch_causal_encoder_logits(norm_first, scan_layers):
     ref = _randomize(TorchCausalLM(norm_first), seed=4)
     config = config_from_torch(

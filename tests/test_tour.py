@@ -226,7 +226,16 @@ def test_output_comparison_tolerates_the_last_digit_only():
     assert not _same_output("True", "False")
 
 
-@pytest.mark.parametrize("stop", STOPS, ids=IDS)
+# The two slowest snippets (about 35 s each on 2 cores) run in the full suite only: the KV
+# cache and the explorer have their own quick tests (test_decoding.py, test_explorer.py).
+SLOW_STOPS = ("Generation with the KV cache", "See it: the attention explorer")
+SNIPPETS = [
+    pytest.param(s, marks=pytest.mark.slow) if s["title"] in SLOW_STOPS else s for s in STOPS
+]
+assert sum(s["title"] in SLOW_STOPS for s in STOPS) == len(SLOW_STOPS)  # a renamed stop
+
+
+@pytest.mark.parametrize("stop", SNIPPETS, ids=IDS)
 def test_snippet_runs_and_prints_what_the_page_shows(stop, tmp_path, monkeypatch):
     """Each snippet runs on its own, in a fresh namespace (in an empty folder, for the files
     it writes), and prints the page's output block."""
