@@ -98,17 +98,18 @@ class TorchCausalLM(nn.Module):
         return h @ self.embed.weight.T
 
 
+# Post- and pre-norm, unrolled and scanned; the quick run keeps two that between them cover
+# both norms and both layer loops, the full run all four.
+_NORM_AND_SCAN = [
+    pytest.param(False, False, id="post_norm-unrolled"),
+    pytest.param(False, True, id="post_norm-scan", marks=pytest.mark.slow),
+    pytest.param(True, False, id="pre_norm-unrolled", marks=pytest.mark.slow),
+    pytest.param(True, True, id="pre_norm-scan"),
+]
+
+
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
-@pytest.mark.parametrize(
-    "norm_first, scan_layers",
-    [
-        (False, False),
-        pytest.param(False, True, marks=pytest.mark.slow),
-        pytest.param(True, False, marks=pytest.mark.slow),
-        (True, True),
-    ],
-    ids=["post_norm-unrolled", "post_norm-scan", "pre_norm-unrolled", "pre_norm-scan"],
-)
+@pytest.mark.parametrize("norm_first, scan_layers", _NORM_AND_SCAN)
 def test_torch_transformer_logits(norm_first, scan_layers):
     ref = _randomize(TorchSeq2Seq(norm_first), seed=1)
     config = config_from_torch(
@@ -125,16 +126,7 @@ def test_torch_transformer_logits(norm_first, scan_layers):
     np.testing.assert_allclose(np.asarray(got)[real], expected[real], atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize(
-    "norm_first, scan_layers",
-    [
-        (False, False),
-        pytest.param(False, True, marks=pytest.mark.slow),
-        pytest.param(True, False, marks=pytest.mark.slow),
-        (True, True),
-    ],
-    ids=["post_norm-unrolled", "post_norm-scan", "pre_norm-unrolled", "pre_norm-scan"],
-)
+@pytest.mark.parametrize("norm_first, scan_layers", _NORM_AND_SCAN)
 def test_torch_causal_encoder_logits(norm_first, scan_layers):
     ref = _randomize(TorchCausalLM(norm_first), seed=4)
     config = config_from_torch(

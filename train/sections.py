@@ -81,13 +81,17 @@ def _check_fraction(section, name: str) -> None:
         raise fail(name, getattr(section, name), "must be in [0, 1)")
 
 
-def _read(cls, config: ml_collections.ConfigDict):
-    """`cls` made from the config fields of the same names."""
-    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+class _ReadByName:
+    """A section whose fields are config fields of the same names."""
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict):
+        """The section made from the config's fields of the same names (checked when made)."""
+        return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
+class DataConfig(_ReadByName):
     """What the examples are and how they become batches (`train.input_pipeline`).
 
     Attributes: the config fields of the same names (`configs/default.py` documents each).
@@ -116,10 +120,6 @@ class DataConfig:
     batch_size: int
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> DataConfig:
-        return _read(cls, config)
 
     @classmethod
     def identity_fields(cls) -> tuple[str, ...]:
@@ -282,7 +282,7 @@ class ScheduleConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
+class OptimizerConfig(_ReadByName):
     """Global-norm clipping, then Adam or AdamW; gradient accumulation (`build`).
 
     Attributes: the config fields of the same names.
@@ -295,10 +295,6 @@ class OptimizerConfig:
     weight_decay: float
     grad_clip_norm: float
     grad_accum_steps: int
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> OptimizerConfig:
-        return _read(cls, config)
 
     def __post_init__(self):
         _check_choice(self, "optimizer", OPTIMIZERS)
@@ -325,7 +321,7 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig:
+class StepConfig(_ReadByName):
     """What the train step does besides the update (`train.steps.train_step`).
 
     Attributes:
@@ -335,10 +331,6 @@ class StepConfig:
 
     label_smoothing: float
     target_token_dropout: float
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> StepConfig:
-        return _read(cls, config)
 
     def __post_init__(self):
         _check_fraction(self, "label_smoothing")
@@ -398,7 +390,7 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class RunConfig(_ReadByName):
     """How long the run is, what it does when, and where: the training loop's section.
 
     Attributes:
@@ -422,10 +414,6 @@ class RunConfig:
 
     # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
     IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> RunConfig:
-        return _read(cls, config)
 
     def __post_init__(self):
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
