@@ -96,6 +96,8 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, re.DOTALL)
 
 
+# Every snippet of docs/api.md; the quick run keeps the tour and the short pages' snippets.
+@pytest.mark.slow
 def test_api_reference_snippets_run_and_their_shapes_hold():
     namespace: dict = {}
     for block in _python_blocks(API):

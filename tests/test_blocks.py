@@ -96,6 +96,7 @@ def test_layer_dropout_by_keyword(layer, args):
     assert not jnp.allclose(on, off)
 
 
+@pytest.mark.slow  # four layer loops with dropout compiled
 @pytest.mark.parametrize("scan_layers", [False, True])
 @pytest.mark.parametrize("remat", [False, True])
 def test_stack_dropout_reaches_every_layer_under_scan_and_remat(scan_layers, remat):
@@ -138,6 +139,7 @@ def test_decoder_on_embeddings_returns_hidden_states():
     chex.assert_trees_all_close(logits, hidden @ table.T, atol=1e-5)
 
 
+@pytest.mark.slow  # an encoder and a decoder over embeddings compiled
 def test_embedding_masks_hide_padded_frames():
     valid_BS = jnp.arange(S)[None, :] < jnp.array([[S], [3]])
     encoder, decoder = Encoder(CONFIG), Decoder(CONFIG)

@@ -83,6 +83,7 @@ def tiny_v5e(tmp_path_factory):
     return json.loads(out.read_text()), result.stdout
 
 
+@pytest.mark.slow  # compiles a train step for a TPU topology
 @needs_libtpu
 def test_json_has_the_figures_of_the_compiled_train_step(tiny_v5e):
     report, stdout = tiny_v5e

@@ -61,7 +61,10 @@ def test_paper_learning_rate_schedule():
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)
 
 
-@pytest.mark.parametrize("name", CONFIG_NAMES)
+# The quick run steps the default config; the full suite every file (4-8 s each on 2 cores).
+@pytest.mark.parametrize(
+    "name", [n if n == "default" else pytest.param(n, marks=pytest.mark.slow) for n in CONFIG_NAMES]
+)
 def test_one_train_step_at_tiny_size(name):
     config = _config(name)
     with config.unlocked():

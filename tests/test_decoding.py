@@ -172,6 +172,8 @@ def test_text_cache_equals_full_recomputation(scan_layers):
         np.testing.assert_array_equal(greedy, _text(*_lm())[0])
 
 
+# test_text_cache_equals_full_recomputation keeps the cache check in the quick run.
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_translation_cache_equals_full_recomputation(scan_layers):
     """Sources with padding; cross-attention keys/values cached once."""
@@ -207,6 +209,8 @@ def test_extend_in_chunks_equals_forward():
     np.testing.assert_array_equal(cache["index"], [7, 7, 7])
 
 
+# Several cache sizes compiled; test_bad_inputs keeps cache misuse in the quick run.
+@pytest.mark.slow
 def test_cache_overflow_raises():
     """A past defect: a 6-token prompt into a 4-slot cache, or a step past the last slot, used to
     write past the end silently. Exact fills work; ragged prompts count their real tokens."""
@@ -302,6 +306,7 @@ def test_children_stay_in_parent_rows_and_move_rows_equals_gather():
         )
 
 
+@pytest.mark.slow  # test_beam_search_finds_exhaustive_best keeps beam search in the quick run
 @pytest.mark.parametrize("kind", ["text", "translation"])
 def test_beam_search_in_place_reorder_equals_gather(kind):
     """The beam loop's in-place `move_rows` gives the beams of a full gather each step."""
@@ -378,6 +383,7 @@ def test_beam_search_finds_exhaustive_best(kind, seed):
     assert misses >= 1  # the search finds what greedy decoding does not
 
 
+@pytest.mark.slow  # test_models' scan-equals-unrolled keeps scanned layers in the quick run
 def test_beam_search_scanned_equals_unrolled():
     """Beam reordering of a scanned cache (layer axis first) and of the cross-attention
     keys/values: the same beams as the unrolled model with the same weights."""
@@ -472,6 +478,7 @@ def test_logits_hook_bans_a_token():
     assert not np.any(np.asarray(beams) == banned)
 
 
+@pytest.mark.slow  # test_logits_hook_bans_a_token keeps the hook in the quick run
 def test_logits_hook_forces_a_prefix_and_sees_the_tokens_so_far():
     """A forced prefix comes out first, and the continuation is the model's own after it
     (greedy); a hook reading `tokens` (no repeats) works in greedy and beam search, over
@@ -717,14 +724,14 @@ def test_bfloat16_decoding_agrees_with_float32():
 
 # Rotary positions with grouped- and multi-query attention: keys are rotated before
 # they are cached, and the cache holds K heads; cached decoding must equal recomputation.
+# Eight decodes per case; test_text_cache_equals_full_recomputation keeps the cache check in
+# the quick run.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [
         {"positional": "rope", "num_kv_heads": 2},
-        pytest.param(
-            {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
-            marks=pytest.mark.slow,
-        ),
+        {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
     ],
     ids=["rope-gqa", "rope-mqa-scan"],
 )
@@ -753,6 +760,7 @@ def test_rope_and_grouped_query_cache_equals_full_recomputation(options):
     )
 
 
+@pytest.mark.slow  # prefill and apply compiled for two models
 def test_bos_equal_to_pad_is_refused_because_the_cache_would_disagree():
     """A past defect: with bos_id == pad_id, `apply` (and training) masks the BOS key
     while the cached path attends to it. The disagreement is real; generation refuses it."""

@@ -87,6 +87,9 @@ def test_payload_holds_the_sown_weights_and_pieces():
     assert payload["positions"]["curve_dims"] == [0, 4, 8, 10, 14]  # pairs 0..7, fast to slow
 
 
+# Three models recorded; test_payload_holds_the_sown_weights_and_pieces keeps the
+# explorer in the quick run.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_cls, changes",
     [
@@ -213,6 +216,7 @@ def _rendered(page, shape_LNTS, layer):
     return drawn
 
 
+@pytest.mark.slow  # a browser per case
 @pytest.mark.parametrize("example", [_translation, _language_model], ids=["translation", "lm"])
 def test_page_renders_the_sown_weights(browser, tmp_path, example):
     model, params, tok, src, tgt, maps = example()

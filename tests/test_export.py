@@ -62,6 +62,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow  # transformers models built and run per case
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_transformers_reproduces_our_logits(case, tmp_path):
     torch = pytest.importorskip("torch")

@@ -308,6 +308,7 @@ def _enable_x64():
 class Float64Test(chex.TestCase):
     """Softmax in float32 *or wider*: float64 inputs stay float64, so gradients check."""
 
+    @pytest.mark.slow  # numerical gradients in float64
     def test_float64_keeps_float64_and_gradients_check(self):
         q, k, v = _qkv(13, dtype=np.float64)
         mask = _random_mask(14, (2, 1, 5, 7))

@@ -147,6 +147,8 @@ def _our_llama(**changes) -> TransformerConfig:
     return TransformerConfig(**(fields | changes))
 
 
+# Two exports through transformers; test_load_llama_logits keeps the import in the quick run.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "changes", [{}, dict(tie_output_embedding=True, num_kv_heads=1, scan_layers=True)]
 )

@@ -74,6 +74,7 @@ def test_unknown_norm_and_activation_are_refused():
         TransformerConfig(activation="reglu")
 
 
+@pytest.mark.slow  # scanned and unrolled decoders compiled
 @pytest.mark.parametrize("scan", [False, True])
 def test_llama_style_decoder_runs_and_scan_matches(scan):
     config = TransformerConfig(**SMALL, norm="rmsnorm", activation="swiglu", use_bias=False)

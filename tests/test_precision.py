@@ -77,6 +77,7 @@ def runs():
     return {dtype: _train(dtype) for dtype in ("float32", "bfloat16")}
 
 
+@pytest.mark.slow  # a short bf16 run; test_models' bf16 test keeps bf16 in the quick run
 def test_bf16_keeps_float32_params_optimizer_state_logits_and_loss(runs):
     _, params, opt_state, loss, logits = runs["bfloat16"]
     leaves = jax.tree.leaves(params) + [
@@ -101,6 +102,7 @@ def _both_impls(model_cls, params_args, call_args):
     return xla.apply(params, *call_args), fused.apply(params, *call_args)
 
 
+@pytest.mark.slow  # test_attention_impl keeps jax_nn masks in the quick run
 def test_jax_nn_attention_matches_xla_with_padding_causal_and_cross_masks():
     src = jnp.asarray([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]], jnp.int32)
     tgt = jnp.asarray([[1, 20, 21, 0], [1, 22, 23, 24]], jnp.int32)

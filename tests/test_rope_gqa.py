@@ -213,6 +213,7 @@ def test_cache_is_sized_by_kv_heads(kv_heads):
     assert cache_bytes_per_token(config) == {"self": 128 * kv_heads, "cross": 128 * kv_heads}
 
 
+@pytest.mark.slow  # test_attention_impl keeps jax_nn in the quick run
 def test_jax_nn_attention_composes_with_grouped_query_and_rope():
     config = TransformerConfig(**SMALL, positional="rope", num_kv_heads=2)
     model = Transformer(config)
@@ -223,6 +224,9 @@ def test_jax_nn_attention_composes_with_grouped_query_and_rope():
     )
 
 
+# A model per option; test_grouped_query_equals_multi_head_with_repeated_kv_heads keeps
+# both in the quick run.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [{"scan_layers": True}, {"remat": True}, {"dtype": "bfloat16"}],

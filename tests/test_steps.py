@@ -46,6 +46,7 @@ def test_word_dropout_replaces_that_share_and_keeps_bos_and_padding(rate):
     assert share == pytest.approx(rate, abs=0.03)  # ~1,200 eligible tokens
 
 
+@pytest.mark.slow  # three train steps compiled
 def test_word_dropout_changes_training_only_when_on():
     """A rate > 0 changes the loss (the decoder sees <unk> inputs) but not the labels."""
     import optax

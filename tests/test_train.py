@@ -244,6 +244,9 @@ def test_corrupt_checkpoint_is_reported(trained_run, tmp_path):
         train_lib.train_and_evaluate(longer, str(copy))
 
 
+# Its own run; test_toy_translation_is_learned_and_outputs_are_written keeps the program in
+# the quick run.
+@pytest.mark.slow
 def test_rerunning_a_finished_run_prints_its_results(trained_run, capsys):
     config, workdir, results = trained_run
     records = (RunDir(workdir).metrics).read_text()

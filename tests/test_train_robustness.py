@@ -143,6 +143,7 @@ def test_unwritable_workdir_exits_with_the_run_failure_status(tmp_path):
     )
 
 
+@pytest.mark.slow  # two runs
 def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
     # A kill between the final checkpoint and results.json: the rerun restores the final step
     # and evaluates it again, which must not log its valid (or bleu) record a second time.
@@ -220,6 +221,7 @@ def finished_run(tmp_path_factory):
     return tmp / "run", args[:-2]
 
 
+@pytest.mark.slow  # a short run and four subprocesses
 @pytest.mark.parametrize("content", ["", '{"task": "transl'])
 def test_damaged_config_json_is_one_line_in_train_and_translate(content, finished_run, tmp_path):
     run, args = finished_run
@@ -272,6 +274,7 @@ def test_small_corpus_gets_a_warning_with_its_size(num_pairs, warned, tmp_path, 
         assert not found
 
 
+@pytest.mark.slow  # two runs
 def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, caplog):
     config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=8, bleu_examples=0)
     workdir = tmp_path / "run"
@@ -306,6 +309,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
     assert steps == sorted(steps)  # the records after step 4 were rewritten, not repeated
 
 
+@pytest.mark.slow  # two runs
 def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=4, bleu_examples=0)
     workdir = tmp_path / "run"
@@ -319,6 +323,7 @@ def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     assert sorted(p.name for p in RunDir(workdir).checkpoints.iterdir()) == ["4"]
 
 
+@pytest.mark.slow  # a run in a subprocess
 def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
     # The disk fills while metrics are written: simulated in the child, as ENOSPC.
     script = (
@@ -460,6 +465,7 @@ def test_changed_corpus_is_refused_on_resume(tmp_path):
     assert sorted(p.name for p in RunDir(workdir).checkpoints.iterdir()) == ["4"]  # untouched
 
 
+@pytest.mark.slow  # a run in a subprocess
 def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
     # RLIMIT_FSIZE in the child: TensorStore's writes of the first checkpoint fail with
     # EFBIG (Python ignores SIGXFSZ), as on a full disk.
@@ -484,6 +490,7 @@ def test_file_size_limit_while_writing_a_checkpoint_is_one_line(tmp_path):
     assert len(result.stderr.splitlines()) < 20, result.stderr  # no library tracebacks
 
 
+@pytest.mark.slow  # a run and two subprocesses
 def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_path):
     run, _ = finished_run
     out = tmp_path / "pictures"

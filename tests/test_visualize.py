@@ -41,6 +41,7 @@ def _check_png(path, shape=None):
     return pixels.shape[:2]
 
 
+@pytest.mark.slow  # test_language_model_pictures keeps the pictures in the quick run
 @pytest.mark.parametrize("scan", [False, True])
 def test_translation_pictures(tmp_path, scan):
     tok = ByteTokenizer()
