@@ -111,7 +111,8 @@ def test_scan_equals_unrolled(tiny_config, model_cls):
     chex.assert_trees_all_close(remat.apply(converted, *args), expected, atol=1e-5)
 
 
-# Gradients of four models; test_rope_gqa and test_blocks keep remat in the quick run.
+# Gradients of four models. The quick run keeps remat in test_packing's remat-and-scan
+# gradient test (finite gradients); this equality is checked in the full suite only.
 @pytest.mark.slow
 def test_remat_gradients_equal(tiny_config):
     tokens = _tokens(3, (B, 8), 37)

@@ -328,7 +328,7 @@ def test_config_names_the_renamed_packed_field():
         config_lib.validate_config(config)
 
 
-# A packed run; test_packed_loss_equals_the_unpacked_loss keeps packing in the quick run.
+# A packed run; test_packing's packed-vs-unpacked gradient test keeps packing in the quick run.
 @pytest.mark.slow
 def test_packed_translation_run_trains(tmp_path):
     from train import train_lib
