@@ -75,3 +75,27 @@ def tiny_config() -> TransformerConfig:
         max_len=24,
         dropout_rate=0.0,
     )
+
+
+# Module fixtures that train or compile for many seconds. With `-n 2` pytest-xdist hands out
+# tests one by one, so both workers would build each of them; `--dist loadgroup` (set in
+# pyproject.toml) keeps the tests of one such fixture on one worker, and the other worker
+# runs other tests meanwhile. Grouping needs pytest < 9.2 (requirements.txt): pytest 9.2's node
+# ids ignore the group suffix xdist 3.8 writes (pytest-dev/pytest-xdist#1386), and the tests
+# then run ungrouped, as before.
+_EXPENSIVE_MODULE_FIXTURES = (
+    "finished_run",  # test_train_robustness.py
+    "runs",  # test_precision.py
+    "sharded_results",  # test_sharding.py, 80 s
+    "tiny",  # test_bad_inputs.py
+    "tiny_v5e",  # test_compile.py
+    "trained_run",  # test_train.py
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in _EXPENSIVE_MODULE_FIXTURES:
+            if name in item.fixturenames:
+                item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}.{name}"))

@@ -129,6 +129,7 @@ def test_readme_links_the_reference_and_names_every_export():
     assert not missing, f"README.md does not name {missing}"
 
 
+@pytest.mark.slow  # the nnx bridge itself has quick tests (test_nnx.py)
 def test_interop_page_nnx_snippet_runs():
     section = INTEROP[INTEROP.index("## Flax NNX") :]
     namespace: dict = {}

@@ -109,9 +109,9 @@ def test_stack_dropout_reaches_every_layer_under_scan_and_remat(scan_layers, rem
     on = encoder.apply(params, X_BSD, None, deterministic=False, rngs=rngs)
     off = encoder.apply(params, X_BSD, None)
     assert not jnp.allclose(on, off)
-    grads = jax.grad(lambda p: encoder.apply(p, X_BSD, None, deterministic=False, rngs=rngs).sum())(
-        params
-    )
+    grads = jax.jit(
+        jax.grad(lambda p: encoder.apply(p, X_BSD, None, deterministic=False, rngs=rngs).sum())
+    )(params)
     assert all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))
 
 

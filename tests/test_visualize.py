@@ -139,6 +139,10 @@ def test_tick_labels_name_the_special_ids():
     assert visualize.tick_labels(tok, ids, cjk_font=None) == ["<pad>", "<s>", "</s>", "<unk>", "A"]
 
 
+def _slow(*values):
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def _visualize_cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "train.visualize", *args],
@@ -152,10 +156,11 @@ def _visualize_cli(*args):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--workdir", "somewhere"], "--text must have a value"),
-        (["--workdir", "somewhere", "--text", "a", "--max_new_tokens=x"], "--max_new_tokens"),
+        # Each case starts a process (~3 s, most of it importing jax); the quick run keeps one.
+        _slow(["--workdir", "somewhere"], "--text must have a value"),
+        _slow(["--workdir", "somewhere", "--text", "a", "--max_new_tokens=x"], "--max_new_tokens"),
         (["--text", "a", "--workdir", "{tmp}/none"], "is not a training run directory"),
-        (["--text", "a", "--workdir", "{tmp}", "extra"], "unexpected arguments ['extra']"),
+        _slow(["--text", "a", "--workdir", "{tmp}", "extra"], "unexpected arguments ['extra']"),
     ],
 )
 def test_cli_errors_are_one_line_with_the_usage_status(tmp_path, args, message):
