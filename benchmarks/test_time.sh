@@ -9,6 +9,7 @@
 # The third form stands in for a slower machine: it needs root and a cgroup v1 `cpu` or a
 # cgroup v2 hierarchy, and the matmul lines then show the rate the tests ran at. Run it with
 # nothing else busy; the machine's own speed drifts, so compare runs made one after another.
+# The cgroup (flax-transformer-test-time) is left in place for the next run; rmdir removes it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 suite="${1:-quick}"
@@ -26,6 +27,10 @@ for _ in range(10): a @ a
 print(f"matmul: {2 * 2048**3 * 10 / (time.perf_counter() - start) / 1e9:.0f} GFLOP/s")'
 
 if [ -n "$share" ]; then
+  if ! python3 -c "import sys; sys.exit(not 0 < float('$share') <= 1)" 2>/dev/null; then
+    echo "error: the CPU share is a number in (0, 1], e.g. 0.75, not '$share'" >&2
+    exit 2
+  fi
   period=100000
   quota=$(python3 -c "import os; print(int($share * os.cpu_count() * $period))")
   if [ -d /sys/fs/cgroup/cpu ] && [ -w /sys/fs/cgroup/cpu ]; then

@@ -139,10 +139,6 @@ def test_tick_labels_name_the_special_ids():
     assert visualize.tick_labels(tok, ids, cjk_font=None) == ["<pad>", "<s>", "</s>", "<unk>", "A"]
 
 
-def _slow(*values):
-    return pytest.param(*values, marks=pytest.mark.slow)
-
-
 def _visualize_cli(*args):
     return subprocess.run(
         [sys.executable, "-m", "train.visualize", *args],
@@ -157,10 +153,20 @@ def _visualize_cli(*args):
     "args, message",
     [
         # Each case starts a process (~3 s, most of it importing jax); the quick run keeps one.
-        _slow(["--workdir", "somewhere"], "--text must have a value"),
-        _slow(["--workdir", "somewhere", "--text", "a", "--max_new_tokens=x"], "--max_new_tokens"),
+        pytest.param(
+            ["--workdir", "somewhere"], "--text must have a value", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            ["--workdir", "somewhere", "--text", "a", "--max_new_tokens=x"],
+            "--max_new_tokens",
+            marks=pytest.mark.slow,
+        ),
         (["--text", "a", "--workdir", "{tmp}/none"], "is not a training run directory"),
-        _slow(["--text", "a", "--workdir", "{tmp}", "extra"], "unexpected arguments ['extra']"),
+        pytest.param(
+            ["--text", "a", "--workdir", "{tmp}", "extra"],
+            "unexpected arguments ['extra']",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_cli_errors_are_one_line_with_the_usage_status(tmp_path, args, message):
