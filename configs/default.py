@@ -87,6 +87,14 @@ def get_config() -> ml_collections.ConfigDict:
     # per second of 'none' here (benchmarks/packing.py; validation stays unpacked); 'none':
     # one example per row, rows bucketed by length; 'stream' (task 'lm', needs batch_size):
     # lines concatenated and cut into max_len windows, attention crossing lines
+    config.store_dir = ""  # task 'lm': a token store (tokenized once, read through grain)
+    # to train from; prepared there first if missing (train.prepare); '' = read in memory
+    config.text_field = "text"  # store: the text field of JSON-lines inputs (.jsonl[.gz|.zst])
+    config.store_sample_chars = 10_000_000  # store: characters SentencePiece learns from
+    # (the train documents with the smallest split hashes: the same sample on every machine)
+    config.store_shard_bytes = 64 << 20  # store: input bytes per shard (uncompressed files)
+    config.prepare_workers = 0  # store: tokenizing processes; 0 = one per core
+    config.loader_threads = 4  # store: threads reading and prefetching batches per process
 
     config.model = get_model_config()
 

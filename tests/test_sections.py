@@ -106,7 +106,8 @@ def test_a_bad_override_is_named_as_on_the_command_line():
 
 def test_resume_identity_is_the_data_and_model_sections():
     data_fields = {f.name for f in dataclasses.fields(DataConfig)}
-    assert set(config_lib.IDENTITY_FIELDS) == (data_fields - set(DataConfig.BATCHING)) | {
+    movable = set(DataConfig.BATCHING) | set(DataConfig.STORE)
+    assert set(config_lib.IDENTITY_FIELDS) == (data_fields - movable) | {
         "model",
         "seed",
         "rng_impl",
@@ -114,6 +115,7 @@ def test_resume_identity_is_the_data_and_model_sections():
     saved = default.get_config().to_dict()
     current = default.get_config()
     current.update(batch_size=32, tokens_per_batch=0, bucket_lengths=(96,), learning_rate=1e-3)
+    current.update(store_dir="elsewhere", loader_threads=1)  # the data is the store's content
     assert config_lib.changed_identity_fields(saved, current) == []
     current.max_len, current.model.d_model = 64, 64
     assert config_lib.changed_identity_fields(saved, current) == ["max_len", "model.d_model"]

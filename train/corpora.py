@@ -409,7 +409,7 @@ def _split_key(example) -> str:
     return "\t".join(sorted(example))
 
 
-def _split_fraction(example) -> float:
+def split_fraction(example) -> float:
     """The example's position in [0, 1) under the split rule (see `split_examples`)."""
     digest = hashlib.blake2b(_split_key(example).encode("utf-8"), digest_size=_SPLIT_HASH_BYTES)
     return int.from_bytes(digest.digest(), "big") / _SPLIT_HASH_SCALE
@@ -442,7 +442,7 @@ def split_examples(examples: Sequence, valid_fraction: float, test_fraction: flo
         )
     splits = Splits([], [], [])
     for example in examples:
-        u = _split_fraction(example)
+        u = split_fraction(example)
         if u < valid_fraction:
             splits.valid.append(example)
         elif u < valid_fraction + test_fraction:

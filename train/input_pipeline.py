@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from flax_transformer.inputs import check_token_range
-from train import corpora
+from train import corpora, store_pipeline
 from train.batching import WHOLE_BATCH, RowShare, filter_by_length
 from train.packing import Packer, get_packer
 from train.rundir import RunDir
@@ -50,17 +50,28 @@ class Dataset:
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
             valid/test, and how many were dropped as too long.
         fingerprint: `data_fingerprint` of the train and validation splits, before
-            tokenization: a resumed run checks that it still trains on the same data.
+            tokenization (or the token store's `fingerprint`): a resumed run checks that it
+            still trains on the same data.
+        make_stream: (saved stream state, start step) -> the training batches, for a run that
+            reads a token store (`build_epoch` is then None); see `stream`.
     """
 
     task: Task
     tokenizer: Tokenizer
-    build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]]
+    build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]] | None
     eval_batches: list[dict[str, np.ndarray]]
     valid_examples: list
     chars_per_token: float
     sizes: dict[str, int]
     fingerprint: dict[str, int | str]
+    make_stream: Callable[[Mapping | None, int], Iterator] | None = None
+
+    def stream(self, seed: int, saved: Mapping | None, start_step: int) -> Iterator:
+        """The training batches from `start_step` on: an `EpochStream` restored from `saved`
+        (in memory), or a store's `StoreStream`; either has `state_dict()` to checkpoint."""
+        if self.make_stream is not None:
+            return self.make_stream(saved, start_step)
+        return EpochStream(self.build_epoch, seed=seed, state=saved)
 
 
 @dataclasses.dataclass
@@ -240,6 +251,60 @@ def build_dataset(
         chars_per_token=_chars_per_label(task, packer, ids),
         sizes=ids.sizes(),
         fingerprint=data_fingerprint(task, texts.train, texts.valid),
+    )
+
+
+def build_store_dataset(
+    data: DataConfig,
+    run: RunDir,
+    *,
+    seed: int,
+    num_steps: int,
+    num_devices: int = 1,
+    share: RowShare = WHOLE_BATCH,
+    max_eval_batches: int = 0,
+    primary: bool = True,
+    barrier: Callable[[str], None] = lambda name: None,
+    part: tuple[int, int] = (0, 1),
+) -> Dataset:
+    """The Dataset of a run that reads the token store `data.store_dir` (prepared first where
+    it is missing; `train.store_pipeline`).
+
+    Args:
+        data: the data section (its store fields set).
+        run: the run directory (process 0 copies the store's tokenizer there, for the tools).
+        seed: the run's seed (the window order).
+        num_steps: the run's train steps (batches).
+        num_devices: data-parallel devices; the batch size must be a multiple of it.
+        share: this process's rows of each batch.
+        max_eval_batches: validation batches kept (0: all).
+        primary, barrier, part: this process's role, a barrier between processes, and
+            (process index, process count), to prepare a missing store together.
+
+    Raises:
+        FileNotFoundError, ValueError (StoreError): bad inputs, a store of other settings
+            or a damaged shard.
+    """
+    task = get_task(data.task)
+    get_packer("stream").check(data, num_devices, share)  # windows: batch_size rows
+    store = store_pipeline.prepare_and_open(data, primary=primary, barrier=barrier, part=part)
+    opened, eval_batches = store_pipeline.open_store_data(
+        data, store, share=share, max_eval_batches=max_eval_batches
+    )
+    if primary and data.tokenizer == "sentencepiece":
+        store_pipeline.copy_tokenizer(store, run.tokenizer_model(data.vocab_size))
+    return Dataset(
+        task=task,
+        tokenizer=opened.tokenizer,
+        build_epoch=None,
+        eval_batches=eval_batches,
+        valid_examples=[],
+        chars_per_token=opened.chars_per_label,
+        sizes=opened.sizes,
+        fingerprint=store.fingerprint,
+        make_stream=store_pipeline.stream_factory(
+            data, opened.train, seed=seed, share=share, num_steps=num_steps
+        ),
     )
 
 

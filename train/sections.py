@@ -86,8 +86,17 @@ class _ReadByName:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict):
-        """The section made from the config's fields of the same names (checked when made)."""
-        return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+        """The section made from the config's fields of the same names (checked when made); a
+        field with a default that the config lacks (a config.json older than the field) takes
+        the default."""
+        return cls(
+            **{
+                f.name: config[f.name]
+                if f.name in config or f.default is dataclasses.MISSING
+                else f.default
+                for f in dataclasses.fields(cls)
+            }
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,13 +127,34 @@ class DataConfig(_ReadByName):
     bucket_lengths: tuple[int, ...]
     tokens_per_batch: int
     batch_size: int
+    # The token store (train.token_store); '' reads the corpus in memory at every start.
+    store_dir: str = ""
+    text_field: str = "text"
+    store_sample_chars: int = 10_000_000
+    store_shard_bytes: int = 64 << 20
+    prepare_workers: int = 0
+    loader_threads: int = 4
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
+    # Where the data is and how it is read: a resumed run may change them (the store's own
+    # content fingerprint, not its path, tells whether the data is the same).
+    STORE: ClassVar[tuple[str, ...]] = (
+        "store_dir",
+        "text_field",
+        "store_sample_chars",
+        "store_shard_bytes",
+        "prepare_workers",
+        "loader_threads",
+    )
 
     @classmethod
     def identity_fields(cls) -> tuple[str, ...]:
-        """The fields a resumed run must keep: all but the batch shapes."""
-        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.BATCHING)
+        """The fields a resumed run must keep: all but the batch shapes and the store's."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in cls.BATCHING and f.name not in cls.STORE
+        )
 
     @property
     def hf_field_paths(self) -> list[str]:
@@ -164,6 +194,37 @@ class DataConfig(_ReadByName):
             raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
         if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
             raise fail("vocab_size", self.vocab_size, "must exceed the 4 special ids")
+        if self.store_dir:
+            self._check_store()
+
+    def _check_store(self) -> None:
+        """A token store holds one-sided documents read as max_len windows."""
+        _check_positive_ints(
+            self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
+        )
+        _check_non_negative_ints(self, "prepare_workers")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise fail("text_field", self.text_field, "must name the JSON field of the text")
+        if self.task != "lm":
+            raise fail(
+                "store_dir",
+                self.store_dir,
+                "a token store feeds task='lm' ; set --config.store_dir='' for translation",
+            )
+        if self.corpus not in ("text", "kjv"):
+            raise fail(
+                "corpus",
+                self.corpus,
+                "a token store is prepared from 'text' (files, a glob) or 'kjv' ; set "
+                "--config.store_dir='' to read this corpus in memory",
+            )
+        if self.packing not in ("stream", "segments"):
+            raise fail(
+                "packing",
+                self.packing,
+                "a token store is read as max_len windows: 'stream', or 'segments' (the same "
+                "windows, attention kept within each document)",
+            )
 
     def _check_corpus(self) -> None:
         task = get_task(self.task)

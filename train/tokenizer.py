@@ -272,6 +272,17 @@ class SentencePieceTokenizer:
         """
         return self._sp.EncodeAsIds(text)
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text, in one call (SentencePiece's own loop: faster for many).
+
+        Args:
+            texts: strings.
+
+        Returns:
+            One list of piece ids per text.
+        """
+        return self._sp.Encode(list(texts), out_type=int)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Decodes piece ids to text; pad, bos and eos are skipped.
 

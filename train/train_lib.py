@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import jax
@@ -251,7 +251,7 @@ class _Start(NamedTuple):
     dataset: input_pipeline.Dataset
     program: Program
     state: steps.TrainState
-    stream: input_pipeline.EpochStream
+    stream: Iterator  # input_pipeline.EpochStream or store_pipeline.StoreStream
     share: RowShare
 
 
@@ -262,14 +262,28 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
-    dataset = input_pipeline.build_dataset(
-        experiment.data,
-        run,
-        seed=settings.seed,
-        num_devices=mesh.size,
-        share=share,
-        make_tokenizer=_shared_tokenizer,
-    )
+    if experiment.data.store_dir:
+        dataset = input_pipeline.build_store_dataset(
+            experiment.data,
+            run,
+            seed=settings.seed,
+            num_steps=settings.num_train_steps,
+            num_devices=mesh.size,
+            share=share,
+            max_eval_batches=experiment.eval.num_eval_batches,
+            primary=distributed.is_primary(),
+            barrier=distributed.barrier,
+            part=(jax.process_index(), jax.process_count()),
+        )
+    else:
+        dataset = input_pipeline.build_dataset(
+            experiment.data,
+            run,
+            seed=settings.seed,
+            num_devices=mesh.size,
+            share=share,
+            make_tokenizer=_shared_tokenizer,
+        )
     _check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     tokenizer = dataset.tokenizer
@@ -286,7 +300,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         state, progress = checkpointer.restore_newest_good(state)
         stream_state = progress["stream"]
         logging.info("Resumed from checkpoint step %d.", int(state.step))
-    stream = input_pipeline.EpochStream(dataset.build_epoch, seed=settings.seed, state=stream_state)
+    stream = dataset.stream(settings.seed, stream_state, int(state.step))
     return _Start(dataset, program, state, stream, share)
 
 
