@@ -10,7 +10,7 @@ import pathlib
 import numpy as np
 import pytest
 import zstandard
-from train_helpers import tiny_config, write_tiny_text
+from train_helpers import tiny_config
 
 from train import corpora, store_pipeline, store_prepare
 from train.batching import RowShare
@@ -284,5 +284,7 @@ def test_validation_batches_cover_the_split_in_order_with_padding_rows(store):
     halves = [
         store_pipeline.eval_batches(valid, batch_size=8, share=RowShare(i, 2)) for i in range(2)
     ]
-    stacked = np.concatenate([np.concatenate([a["inputs"], b["inputs"]]) for a, b in zip(*halves)])
+    stacked = np.concatenate(
+        [np.concatenate([a["inputs"], b["inputs"]]) for a, b in zip(*halves, strict=True)]
+    )
     np.testing.assert_array_equal(stacked, rows)
