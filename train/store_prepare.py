@@ -45,6 +45,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from train import corpora
+from train.cli import RunFailure
 from train.token_store import (
     MANIFEST,
     PLAN,
@@ -69,7 +70,7 @@ _JSON_SUFFIXES = (".jsonl", ".json")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
-class StoreWriteError(RuntimeError):
+class StoreWriteError(RunFailure):
     """A shard or file of the store could not be written (disk full, I/O): rerun to finish."""
 
 
