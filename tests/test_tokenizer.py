@@ -192,3 +192,16 @@ def test_spm_pieces_join_to_the_text(spm_dir):
     pieces = [tok.id_to_piece(i) for i in tok.encode(text)]
     assert "".join(pieces).replace("\u2581", " ").strip() == text
     assert tok.id_to_piece(BOS_ID) == "<s>"
+
+
+def test_spm_on_more_sentences_than_it_samples_is_the_same_at_every_run(tmp_path):
+    # Beyond input_sentence_size SentencePiece would draw an unseeded sample: two runs on one
+    # corpus got two tokenizers (and two losses) before the sample was made deterministic.
+    corpus = _tiny_corpus() * 3 + [f"{w} {i}" for i, w in enumerate(_EN_WORDS * 5)]
+    models = []
+    for name in ("a", "b", "c"):
+        path = tmp_path / name / f"spm_{SMALL_VOCAB}.model"
+        order = corpus if name != "c" else corpus[::-1]  # the sample ignores the input order
+        SentencePieceTokenizer.train_or_load(order, path, SMALL_VOCAB, input_sentence_size=150)
+        models.append(path.read_bytes())
+    assert models[0] == models[1] == models[2]

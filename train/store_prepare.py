@@ -528,7 +528,10 @@ def _ensure_tokenizer(store_dir: pathlib.Path, sources, data, workers: int) -> N
         sum(map(len, sample)),
     )
     SentencePieceTokenizer.train_or_load(
-        sample, model, data.vocab_size, input_sentence_size=len(sample)
+        sample,
+        model,
+        data.vocab_size,
+        input_sentence_size=0,  # 0: all of the sample
     )
     logging.info("Tokenizer trained in %.1f s.", time.perf_counter() - started)
 

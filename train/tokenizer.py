@@ -8,6 +8,7 @@ model config (`pad_id=0`) and the batching code never depend on which tokenizer 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pathlib
@@ -124,6 +125,11 @@ class ByteTokenizer:
         return chr(byte) if PRINTABLE_ASCII[0] <= byte <= PRINTABLE_ASCII[1] else f"<0x{byte:02X}>"
 
 
+def _sample_key(text: str) -> bytes:
+    """A sentence's place in the deterministic sample of `train_or_load`."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model (unigram) with the shared special ids.
 
@@ -198,7 +204,9 @@ class SentencePieceTokenizer:
             model_path: the cached model (its folder is created if missing).
             vocab_size: number of pieces including the 4 special ids.
             character_coverage: fraction of characters the vocabulary must cover.
-            input_sentence_size: at most this many sentences are sampled for training.
+            input_sentence_size: at most this many sentences are used for training (0: all,
+                else more than 100, as SentencePiece requires): beyond
+                it, those with the smallest hashes (the same sample at every run).
             num_threads: SentencePiece trainer threads.
             byte_fallback: spell uncovered characters as bytes instead of <unk> (needs
                 vocab_size above 256 + the number of distinct characters kept).
@@ -223,6 +231,10 @@ class SentencePieceTokenizer:
                 f"No non-empty text to train the SentencePiece model {model_path} on; pass "
                 "the training split's sentences as `texts`."
             )
+        if input_sentence_size and len(sentences) > input_sentence_size:
+            # SentencePiece would sample them with an unseeded generator, so two runs on one
+            # corpus would get two tokenizers: take those with the smallest hashes instead.
+            sentences = sorted(sentences, key=_sample_key)[:input_sentence_size]
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.Train(
