@@ -247,30 +247,42 @@ def _sample_shard(args) -> list[tuple[float, str]]:
 
 
 def tokenizer_sample(sources: Sequence[Source], data, workers: int) -> list[str]:
-    """The train documents SentencePiece learns from (see the module docstring)."""
+    """The train documents SentencePiece learns from (see the module docstring): those with
+    the smallest split hashes, in hash order, while their characters fit `store_sample_chars`.
+
+    Each shard's candidates are merged into the running selection as they arrive, so memory
+    holds one budget of text plus one shard's candidates. Every document of the final sample
+    survives each cut on the way (fewer documents precede it at any partial cut), so the
+    result does not depend on the order in which the shards finish.
+    """
     budget = data.store_sample_chars
     args = [(s, data.text_field, data.valid_fraction, data.test_fraction, budget) for s in sources]
-    candidates = []
+    selected: list[tuple[float, str]] = []
     for part in _map(_sample_shard, args, workers):
-        candidates += part
-    candidates.sort()
-    sample, total = [], 0
-    for _, text in candidates:
+        selected = _within(heapq.merge(selected, part), budget)
+    return [text for _, text in selected]
+
+
+def _within(candidates, budget: int) -> list[tuple[float, str]]:
+    """The leading candidates (by hash) whose characters add up to at most `budget`."""
+    kept, total = [], 0
+    for u, text in candidates:
         if total + len(text) > budget:
             break
-        sample.append(text)
+        kept.append((u, text))
         total += len(text)
-    return sample
+    return kept
 
 
 def _map(fn, args: list, workers: int):
-    """fn over args in worker processes (spawned: the caller may have started jax), in order."""
+    """fn over args in worker processes (spawned: the caller may have started jax), results in
+    the order they finish."""
     if workers <= 1 or len(args) <= 1:
         yield from map(fn, args)
         return
     context = multiprocessing.get_context("spawn")
     with context.Pool(min(workers, len(args))) as pool:
-        yield from pool.imap(fn, args)
+        yield from pool.imap_unordered(fn, args)
 
 
 def _load_tokenizer(store_dir: pathlib.Path, kind: str):
