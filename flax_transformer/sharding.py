@@ -56,6 +56,11 @@ def make_mesh(
     Raises:
       ValueError: when the sizes do not multiply to the number of devices.
     """
+    if devices is not None and not isinstance(devices, Sequence | np.ndarray):
+        raise TypeError(
+            f"make_mesh: devices={devices!r} must be a sequence of devices (or None: all), got "
+            f"{type(devices).__name__}; for one device pass a list of it: devices=[device]."
+        )
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("make_mesh: devices is empty; pass at least one device (or None: all).")

@@ -91,6 +91,8 @@ def test_make_mesh_errors_name_sizes():
         make_mesh(-1, -1)
     with pytest.raises(ValueError, match="positive or -1"):
         make_mesh(0)
+    with pytest.raises(TypeError, match=r"sequence of devices.*devices=\[device\]"):
+        make_mesh(devices=jax.devices()[0])
 
 
 def _activation_constraints(step, *args) -> int:
