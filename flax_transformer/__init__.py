@@ -11,8 +11,9 @@ Layers of the package (imports point down only: a module imports only from those
   inputs      token checks (check_tokens) and the attention masks the models build
   functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
-Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes and
-the rules mapping those names to mesh axes) and checked (checkify around jit; imports jax
+Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes, the
+rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
+them) and checked (checkify around jit; imports jax
 only).
 
 Dimension key used in names (`x_BTD`) and einsum strings:
@@ -62,6 +63,7 @@ from flax_transformer.layers import (
     RMSNorm,
 )
 from flax_transformer.models import DecoderOnlyTransformer, Transformer, check_tokens
+from flax_transformer.sharding import mesh_rules, on_mesh
 
 __version__ = "0.1.0"
 
@@ -103,7 +105,9 @@ __all__ = [
     "llama_config",
     "load_gpt2",
     "load_llama",
+    "mesh_rules",
     "multi_head_attention",
+    "on_mesh",
     "padding_mask",
     "rms_norm",
     "segment_mask",

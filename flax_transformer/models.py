@@ -258,7 +258,7 @@ class Transformer(nn.Module):
             what happens under `jit`).
         """
         cfg = self.config
-        check_cache_kind(cache, True, "Transformer.prefill")
+        check_cache_kind(cache, True, "Transformer.prefill", cfg)
         if cache["source_mask"].shape != src_BS.shape:
             raise ValueError(
                 f"Transformer.prefill: the cache was built for sources of shape "
@@ -283,7 +283,7 @@ class Transformer(nn.Module):
         unchecked, such a cache has no visible source key and cross-attention adds zeros.
         """
         cfg = self.config
-        check_cache_kind(cache, True, "Transformer.extend")
+        check_cache_kind(cache, True, "Transformer.extend", cfg)
         message = (
             "Transformer.extend: the cache holds no encoded source (its source_mask is all "
             "False): run Transformer.prefill(src, prompt, cache) first, then extend."
@@ -371,5 +371,5 @@ class DecoderOnlyTransformer(nn.Module):
             does. Also a cache of the encoder-decoder model.
         """
         cfg = self.config
-        check_cache_kind(cache, False, "DecoderOnlyTransformer.extend")
+        check_cache_kind(cache, False, "DecoderOnlyTransformer.extend", cfg)
         return _extend_decoder(self.decoder, cfg, cfg.vocab_size, tokens_BT, cache, lengths_B, None)

@@ -14,7 +14,9 @@ process's devices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -54,6 +56,11 @@ def make_mesh(
     Raises:
       ValueError: when the sizes do not multiply to the number of devices.
     """
+    if devices is not None and not isinstance(devices, Sequence | np.ndarray):
+        raise TypeError(
+            f"make_mesh: devices={devices!r} must be a sequence of devices (or None: all), got "
+            f"{type(devices).__name__}; for one device pass a list of it: devices=[device]."
+        )
     devices = list(jax.devices() if devices is None else devices)
     if not devices:
         raise ValueError("make_mesh: devices is empty; pass at least one device (or None: all).")
@@ -158,8 +165,61 @@ def check_divisible(boxed_tree, mesh: Mesh, rules=DEFAULT_RULES) -> None:
 
 
 def batch_sharding(mesh: Mesh, rank: int = 2) -> NamedSharding:
-    """Sharding of a `(B, ...)` input batch: B split over the data and fsdp axes."""
+    """Sharding of a `(B, ...)` input batch of `rank` axes: B split over the data and fsdp
+    axes, the other `rank - 1` axes whole on every device.
+
+    Returns:
+      `NamedSharding(mesh, PartitionSpec(("data", "fsdp"), None, ...))`: each device holds
+      `B / (data * fsdp)` rows (B must be a multiple of that product); devices that differ
+      only in their `tensor` coordinate hold the same rows.
+    """
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (rank - 1))))
+
+
+@contextlib.contextmanager
+def mesh_rules(mesh: Mesh, rules=DEFAULT_RULES) -> Iterator[None]:
+    """Trace model code with `mesh` and the logical axis `rules` in scope.
+
+    The models pin their activations with `nn.with_logical_constraint` (batch rows over
+    data x fsdp, after the embedding and every layer). Those calls read the rules and the
+    mesh from the context they are traced in; without both they do nothing, the lowered
+    step has no sharding constraints, and XLA chooses the activations' layout itself (on a
+    mesh with fsdp or tensor > 1 it may gather the batch and warn of "involuntary full
+    rematerialization"). Only the abstract mesh (axis names and sizes) is set, which is all
+    tracing needs.
+
+    Use it where the step is traced, inside the function given to `jax.jit`
+    (`on_mesh` does that); around a call of a jitted function it works only for that
+    function's first trace, since flax's rules are not part of jit's cache key.
+
+    Args:
+      mesh: the device mesh (`make_mesh`).
+      rules: logical-to-mesh rules; `model_rules(config, mesh)` for grouped-query models.
+    """
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+        yield
+
+
+def on_mesh(step: Callable, mesh: Mesh, rules=DEFAULT_RULES) -> Callable:
+    """`step` traced inside `mesh_rules(mesh, rules)`: pass the result to `jax.jit`.
+
+        train = jax.jit(on_mesh(step, mesh, model_rules(config, mesh)), in_shardings=...)
+
+    Args:
+      step: any function that applies a model (a training or evaluation step).
+      mesh: the device mesh.
+      rules: logical-to-mesh rules (default `DEFAULT_RULES`).
+
+    Returns:
+      A function with `step`'s signature and result.
+    """
+
+    @functools.wraps(step)
+    def traced(*args, **kwargs):
+        with mesh_rules(mesh, rules):
+            return step(*args, **kwargs)
+
+    return traced
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

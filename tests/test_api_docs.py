@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 API = (ROOT / "docs" / "api.md").read_text()
 README = (ROOT / "README.md").read_text()
 INTEROP = (ROOT / "docs" / "interop.md").read_text()
+MULTIPROCESS = (ROOT / "docs" / "multiprocess.md").read_text()
 EXPORTS = sorted(
     {
         (mod.__name__, name)
@@ -136,3 +137,28 @@ def test_interop_page_nnx_snippet_runs():
     exec(compile(_python_blocks(section)[0], "docs/interop.md", "exec"), namespace)
     assert jnp.isfinite(namespace["loss"])
     assert set(namespace["params"]) == {"embed", "decoder"}
+
+
+# About 20 s on 2 busy cores (a training step compiled); the quick run keeps the constraint
+# count of a smaller step (test_sharding.py).
+@pytest.mark.slow
+def test_multiprocess_page_step_snippet_runs_and_keeps_its_constraints():
+    import jax
+
+    section = MULTIPROCESS[MULTIPROCESS.index("## Many devices") :]
+    namespace: dict = {}
+    exec(compile(_python_blocks(section)[0], "docs/multiprocess.md", "exec"), namespace)
+    assert jnp.isfinite(namespace["loss"])
+    args = [namespace[k] for k in ("params", "opt_state", "key", "src", "tgt", "labels")]
+    lowered = {
+        "without": jax.jit(namespace["step"]).lower(*args).as_text(),
+        "with": namespace["train_step"].lower(*args).as_text(),
+    }
+    counts = {  # the page's numbers; the dropout key's constraint (empty mesh) not counted
+        name: sum(
+            "sharding_constraint" in line and "@empty_mesh" not in line
+            for line in text.splitlines()
+        )
+        for name, text in lowered.items()
+    }
+    assert counts == {"without": 0, "with": 12}

@@ -491,6 +491,16 @@ def test_extend_before_prefill_and_caches_of_the_other_model(tiny):
         model.apply(variables, tiny["src"], bos, init_cache(cfg, 1, 4, 6), method="prefill")
     with pytest.raises(ValueError, match=r"DecoderOnlyTransformer.extend: this cache has a cross"):
         tiny["lm"].apply(tiny["lm_vars"], bos, fresh, method="extend")
+    # A cache of another config (layer count, layout, heads) is named as such.
+    lm_cfg = tiny["lm"].config
+    others = {
+        "layers": lm_cfg.replace(num_layers=lm_cfg.decoder_layers + 1),
+        "scanned": lm_cfg.replace(scan_layers=not lm_cfg.scan_layers),
+        "heads": lm_cfg.replace(num_heads=lm_cfg.num_heads * 2, d_model=lm_cfg.d_model * 2),
+    }
+    for other in others.values():
+        with pytest.raises(ValueError, match=r"extend: (the )?cache.*built for another config"):
+            tiny["lm"].apply(tiny["lm_vars"], bos, init_cache(other, 1, 4), method="extend")
     # After prefill, extend reads the encoded source: the same logits as the full model.
     logits, cache = model.apply(variables, tiny["src"], bos, fresh, method="prefill")
     step, _ = model.apply(variables, jnp.array([[6]]), cache, method="extend")

@@ -15,8 +15,10 @@ from flax_transformer import (
     TransformerConfig,
     export_llama,
     generate_text,
+    llama_config,
     load_llama,
 )
+from flax_transformer.interop.llama import EXPORTED_PAD_KEY
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -166,22 +168,27 @@ def test_export_llama_round_trip(changes, tmp_path):
     tokens = np.random.default_rng(5).integers(1, V, (2, 17))
     ours = np.asarray(model.apply(variables, jnp.asarray(tokens)))
     np.testing.assert_allclose(_hf_logits(hf_model.eval(), tokens), ours, atol=ATOL, rtol=RTOL)
-    # And back: load_llama of the exported directory gives the same parameters, plus the
-    # zero row (and output column) of its added pad id.
+    # And back: load_llama of the exported directory gives the same parameters and keeps
+    # the model's padding (pad id 0 of V, recorded by the export), with no added id.
     config_back, variables_back = load_llama(tmp_path, scan_layers=config.scan_layers)
     assert (config_back.kv_heads, config_back.rope_base) == (config.kv_heads, 1000.0)
-    assert (config_back.vocab_size, config_back.pad_id) == (V + 1, V)
-    back = variables_back["params"]
-    np.testing.assert_array_equal(np.asarray(back["embed"]["embedding"][V]), 0.0)
-    back["embed"]["embedding"] = back["embed"]["embedding"][:V]
-    if "logits" in back["decoder"]:
-        np.testing.assert_array_equal(np.asarray(back["decoder"]["logits"]["kernel"][:, V]), 0)
-        back["decoder"]["logits"]["kernel"] = back["decoder"]["logits"]["kernel"][:, :V]
+    assert (config_back.vocab_size, config_back.pad_id) == (V, config.pad_id) == (V, 0)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6),
         variables_back,
         variables,
     )
+
+
+def test_llama_config_keeps_the_pad_id_export_llama_recorded():
+    fields = dict(
+        vocab_size=V, hidden_size=D, intermediate_size=FF, num_hidden_layers=1,
+        num_attention_heads=HEADS, pad_token_id=0,
+    )  # fmt: skip
+    foreign = llama_config(transformers.LlamaConfig(**fields))
+    assert (foreign.vocab_size, foreign.pad_id) == (V + 1, V)  # pad_token_id alone: not ours
+    ours = llama_config(transformers.LlamaConfig(**fields, **{EXPORTED_PAD_KEY: 0}))
+    assert (ours.vocab_size, ours.pad_id) == (V, 0)
 
 
 @pytest.mark.parametrize(

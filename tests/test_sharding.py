@@ -91,3 +91,42 @@ def test_make_mesh_errors_name_sizes():
         make_mesh(-1, -1)
     with pytest.raises(ValueError, match="positive or -1"):
         make_mesh(0)
+    with pytest.raises(TypeError, match=r"sequence of devices.*devices=\[device\]"):
+        make_mesh(devices=jax.devices()[0])
+
+
+def _activation_constraints(step, *args) -> int:
+    """Sharding constraints on a mesh in `step`'s lowered program (flax also pins the
+    dropout key, on an empty mesh, whatever the context; those are not counted)."""
+    text = jax.jit(step).lower(*args).as_text()
+    return sum(
+        "sharding_constraint" in line and "@empty_mesh" not in line for line in text.splitlines()
+    )
+
+
+def test_on_mesh_and_mesh_rules_keep_the_models_activation_constraints():
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from flax_transformer import Transformer, TransformerConfig, mesh_rules, on_mesh
+
+    config = TransformerConfig(
+        vocab_size=16, d_model=8, num_heads=2, d_ff=16, num_layers=1, max_len=8
+    )
+    model = Transformer(config)
+    src = jnp.ones((2, 4), jnp.int32)
+    tgt = jnp.ones((2, 3), jnp.int32)
+    params = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), src, tgt)))
+
+    def step(params, src, tgt):
+        return jax.value_and_grad(lambda p: model.apply(p, src, tgt).sum())(params)
+
+    def step_in_context(*args):
+        with mesh_rules(mesh):
+            return step(*args)
+
+    mesh = make_mesh()
+    # Both stacks' embedding outputs and their one layer's output, forward and backward.
+    assert _activation_constraints(step, params, src, tgt) == 0
+    assert _activation_constraints(on_mesh(step, mesh), params, src, tgt) == 8
+    assert _activation_constraints(step_in_context, params, src, tgt) == 8

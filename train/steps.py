@@ -121,8 +121,8 @@ def create_train_state(
     shardings = jax.tree.map(lambda leaf: leaf.sharding, shapes)
     init_boxed = _boxed_init(model, task, tx, seed, rng_impl)
     rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
-    with nn.logical_axis_rules(rules):
-        return jax.jit(lambda: nn.unbox(init_boxed()), out_shardings=shardings)()
+    init = sharding_lib.on_mesh(lambda: nn.unbox(init_boxed()), mesh, rules)
+    return jax.jit(init, out_shardings=shardings)()
 
 
 def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
@@ -217,19 +217,6 @@ def eval_step(
     return _token_metrics(logits, labels, nll, weights)
 
 
-def _under_rules(step: Callable, mesh: jax.sharding.Mesh, rules) -> Callable:
-    """`step` traced with the mesh and the logical axis rules in scope, so that the model's
-    activation constraints (`nn.with_logical_constraint`: batch rows over data x fsdp) hold;
-    without them those calls do nothing and XLA may choose to gather the batch."""
-
-    @functools.wraps(step)
-    def traced(*args):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
-            return step(*args)
-
-    return traced
-
-
 def jit_steps(
     model: nn.Module,
     task: Task,
@@ -263,7 +250,7 @@ def jit_steps(
     replicated = sharding_lib.replicated(mesh)
     rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
     train = jax.jit(
-        _under_rules(
+        sharding_lib.on_mesh(
             functools.partial(
                 train_step,
                 model=model,
@@ -283,7 +270,7 @@ def jit_steps(
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        _under_rules(functools.partial(eval_step, model=model, task=task), mesh, rules),
+        sharding_lib.on_mesh(functools.partial(eval_step, model=model, task=task), mesh, rules),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=replicated,
     )

@@ -178,11 +178,15 @@ def check_cache_room(
         )
 
 
-def check_cache_kind(cache: Any, encoder_decoder: bool, method: str) -> None:
+def check_cache_kind(
+    cache: Any, encoder_decoder: bool, method: str, config: TransformerConfig | None = None
+) -> None:
     """ValueError unless `cache` is a cache of the right model kind (see module docstring).
 
     A `Transformer` needs the cross-attention parts, `init_cache(..., source_length=S)`; a
-    `DecoderOnlyTransformer` must not have them.
+    `DecoderOnlyTransformer` must not have them. With `config`, the cache's layers (count,
+    scanned or not) and key/value heads and head width must be the ones `init_cache(config,
+    ...)` builds: a cache of another config is refused, naming what differs.
     """
     if not isinstance(cache, dict) or "index" not in cache or "decoder" not in cache:
         got = sorted(cache) if isinstance(cache, dict) else type(cache).__name__
@@ -202,6 +206,37 @@ def check_cache_kind(cache: Any, encoder_decoder: bool, method: str) -> None:
             f"{method}: this cache has a cross-attention part (an encoder-decoder cache); "
             "build one for the DecoderOnlyTransformer with init_cache(config, batch, length)."
         )
+    if config is not None:
+        _check_cache_config(cache, config, method)
+
+
+def _check_cache_config(cache: dict, config: TransformerConfig, method: str) -> None:
+    """ValueError unless the cache's decoder tree has `config`'s layers, heads and widths."""
+    num_layers = config.decoder_layers
+    expected = ["layers"] if config.scan_layers else [f"layers_{i}" for i in range(num_layers)]
+    decoder = cache["decoder"]
+    got = sorted(decoder) if isinstance(decoder, dict) else type(decoder).__name__
+    fix = (
+        "build the cache from the model's own config: init_cache(model.config, batch, length, ...)."
+    )
+    if not isinstance(decoder, dict) or sorted(decoder) != sorted(expected):
+        layout = "scanned (one 'layers' entry)" if config.scan_layers else "unrolled"
+        raise ValueError(
+            f"{method}: the cache's decoder layers {got} are not this model's {num_layers} "
+            f"{layout} layers ({expected[:3]}{'...' if len(expected) > 3 else ''}); it was "
+            f"built for another config: {fix}"
+        )
+    lead = (num_layers,) if config.scan_layers else ()
+    for name, layer in decoder.items():
+        shape = tuple(jnp.shape(layer["self_attention"]["k"]))
+        want = (*lead, config.kv_heads, config.head_dim)
+        if len(shape) != len(lead) + 4 or shape[: len(lead)] + shape[-3:-2] + shape[-1:] != want:
+            raise ValueError(
+                f"{method}: cache['decoder'][{name!r}] keys have shape {shape}, but this "
+                f"model needs {(*lead, 'B', config.kv_heads, 'L', config.head_dim)} "
+                f"(kv heads {config.kv_heads}, head width {config.head_dim}); it was built for "
+                f"another config: {fix}"
+            )
 
 
 def select_rows(cache: dict, rows_R: jax.Array) -> dict:

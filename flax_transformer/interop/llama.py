@@ -28,7 +28,10 @@ Padding: our models never attend to `pad_id` keys, but every Llama id is a real 
 input). As for GPT-2, the imported model gets one extra id, `pad_id = V`, with a zero
 embedding row (and a zero output column): `vocab_size = V + 1`, no Llama token is masked,
 and the last logit is meaningless: use `logits[..., :V]`. Right-pad prompts with
-`config.pad_id`. `export_llama` writes a model's vocabulary as it is, pad id included.
+`config.pad_id`. `export_llama` writes a model's vocabulary as it is, pad id included, and
+records that id in `config.json` (`EXPORTED_PAD_KEY`, beside `pad_token_id`); `load_llama`
+of such a directory keeps it: the same V and `pad_id`, no added id, so a round trip gives
+back the model it started from.
 
 `transformers` and torch are imported only to load from a directory; export writes
 safetensors from numpy arrays.
@@ -58,14 +61,25 @@ from flax_transformer.models import DecoderOnlyTransformer
 _MODEL_TYPES = ("llama", "mistral")
 _ACTIVATIONS = {"silu": "swiglu", "gelu": "geglu"}
 _HF_ACTIVATIONS = {ours: theirs for theirs, ours in _ACTIVATIONS.items()}
+# The config.json key where `export_llama` records our pad id. `pad_token_id` alone cannot say
+# it: other checkpoints set that to EOS or <unk>, real tokens that must not be masked.
+EXPORTED_PAD_KEY = "flax_transformer_pad_id"
+
+
+def _exported_pad_id(hf_config: Any) -> int | None:
+    """Our pad id where `export_llama` wrote the checkpoint (an id in [0, V)), else None."""
+    pad = getattr(hf_config, EXPORTED_PAD_KEY, None)
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < hf_config.vocab_size:
+        return pad
+    return None
 
 
 def llama_config(hf_config: Any, **overrides) -> TransformerConfig:
     """The `TransformerConfig` equivalent to a `transformers.LlamaConfig` (or Mistral's).
 
-    `vocab_size` is Llama's V + 1 and `pad_id` is V (see the module docstring); dropout
-    is 0. `overrides` replace any field (`scan_layers=True`,
-    `dtype='bfloat16'`, `pad_id=...`).
+    `vocab_size` is Llama's V + 1 and `pad_id` is V (see the module docstring), except
+    for a checkpoint `export_llama` wrote: V and the pad id it recorded; dropout is 0.
+    `overrides` replace any field (`scan_layers=True`, `dtype='bfloat16'`, `pad_id=...`).
 
     Raises:
       ValueError: an option our model has no equivalent for (named).
@@ -100,9 +114,10 @@ def llama_config(hf_config: Any, **overrides) -> TransformerConfig:
         )
     if problems:
         raise ValueError(f"{model_type} checkpoint not supported: " + "; ".join(problems) + ".")
+    exported_pad = _exported_pad_id(hf_config)
     fields = dict(
-        vocab_size=hf_config.vocab_size + 1,
-        pad_id=hf_config.vocab_size,
+        vocab_size=hf_config.vocab_size + (exported_pad is None),
+        pad_id=hf_config.vocab_size if exported_pad is None else exported_pad,
         d_model=hf_config.hidden_size,
         num_heads=hf_config.num_attention_heads,
         num_kv_heads=hf_config.num_key_value_heads,
@@ -178,7 +193,8 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
 
     Returns:
       `(config, variables)`: `DecoderOnlyTransformer(config).apply(variables, tokens)` gives
-      the checkpoint's `(B, T, V)` logits.
+      the checkpoint's logits, `(B, T, V + 1)` with an added pad id (the module
+      docstring), `(B, T, V)` for a directory `export_llama` wrote.
 
     Raises:
       ValueError: an unsupported option (named) or a weight of the wrong shape.
@@ -189,7 +205,9 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
         raise TypeError(f"load_llama needs a transformers model, got {type(model).__name__}.")
     config = llama_config(hf_config, **config_overrides)
     body = getattr(model, "model", model)  # *ForCausalLM wraps the base model
-    d, vocab = config.d_model, config.vocab_size - 1  # Llama's V; id V is our pad id
+    d, vocab = config.d_model, hf_config.vocab_size  # Llama's V
+    # Id V, a zero row and column, is the pad id added unless the checkpoint records ours.
+    added = np.zeros((d, 0 if _exported_pad_id(hf_config) is not None else 1), np.float32)
     decoder = stack_layers(
         [_layer_params(layer, config, f"layers.{i}") for i, layer in enumerate(body.layers)],
         config,
@@ -200,9 +218,9 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
         if head is None:
             raise ValueError("tie_word_embeddings=False needs the *ForCausalLM (its lm_head).")
         kernel = _linear_t(head, (vocab, d), "lm_head")
-        decoder["logits"] = {"kernel": np.concatenate([kernel, np.zeros((d, 1), np.float32)], 1)}
+        decoder["logits"] = {"kernel": np.concatenate([kernel, added], 1)}
     embedding = check_shape(to_numpy(body.embed_tokens.weight), (vocab, d), "embed_tokens")
-    embedding = np.concatenate([embedding, np.zeros((1, d), np.float32)])  # the pad row
+    embedding = np.concatenate([embedding, added.T])
     params = {"embed": {"embedding": embedding}, "decoder": decoder}
     return config, finish_params(params, DecoderOnlyTransformer(config), config, dummy_tokens())
 
@@ -296,6 +314,7 @@ def llama_hf_config(
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
         "pad_token_id": config.pad_id,
+        EXPORTED_PAD_KEY: config.pad_id,
         "torch_dtype": "float32",
     }
 
