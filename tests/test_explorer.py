@@ -13,15 +13,16 @@ import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import linen as nn
 
+from configs import default
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer.functional.attention import MASK_VALUE
 from train import visualize
 from train.checkpoint import TrainedModel
+from train.sections import Experiment
 from train.tokenizer import ByteTokenizer
 
 CHROMIUM = pathlib.Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -167,9 +168,11 @@ def test_mismatched_source_ids_are_refused():
 
 def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
     model, params, tok, *_ = _translation()
-    config = ml_collections.ConfigDict({"max_len": 32})
-    trained = TrainedModel(config, tok, model, params, 0)
-    monkeypatch.setattr("train.visualize.load_trained", lambda workdir: trained)
+    config = default.get_config()
+    config.update(max_len=32, bucket_lengths=(), max_decode_len=0, tokenizer="byte")
+    experiment = Experiment.from_config(config)
+    trained = TrainedModel(config, tok, model, params, 0, experiment)
+    monkeypatch.setattr("train.tools.load_trained", lambda workdir: trained)
     out = tmp_path / "page.html"
     assert visualize.visualize(str(tmp_path), "abc", out=str(out), html=True) == [out]
     assert out.is_file()

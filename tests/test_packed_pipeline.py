@@ -287,6 +287,18 @@ def test_segments_packer_packs_training_batches_only(task_name):
     chex.assert_trees_all_equal(valid, none.batches(config, task.sides, sides, None, 2))
 
 
+def test_a_batch_that_does_not_split_names_the_config_flag():
+    config = default.get_config()
+    config.update(packing="stream", batch_size=6, tokens_per_batch=0, task="lm", corpus="kjv")
+    config.copied_targets = 0.0
+    data = DataConfig.from_config(config)
+    flag = r"^--config\.batch_size=6: must be a multiple of the 4 "
+    with pytest.raises(ValueError, match=flag + "devices"):
+        packing.get_packer("stream").check(data, num_devices=4, share=RowShare())
+    with pytest.raises(ValueError, match=flag + "processes"):
+        packing.get_packer("none").check(data, num_devices=1, share=RowShare(0, 4))
+
+
 def test_get_packer_names_the_choices():
     assert set(packing.PACKERS) == set(config_lib.PACKINGS)
     assert packing.get_packer("stream") is packing.PACKERS["stream"]

@@ -98,8 +98,10 @@ def test_translate_from_checkpoint(trained_run):
     config, workdir, results = trained_run
     trained = checkpoint.load_trained(workdir)
     assert trained.step == 300 and trained.config.task == "translation"
+    assert trained.experiment.data.task == "translation"
     sample = results["samples"][0]
-    options = decoding.DecodeOptions.from_config(trained.config)
+    options = trained.experiment.eval.decode  # the run's, as its report decoded
+    assert options == decoding.DecodeOptions.from_config(trained.config)
     outputs = decoding.translate(
         trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], options
     )

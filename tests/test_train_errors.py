@@ -72,6 +72,9 @@ def test_translation_only_options_are_refused_for_the_lm(tmp_path, field):
         ("copied_targets", 1.5, r"--config.copied_targets=1.5: must be in \[0, 1\]"),
         ("bucket_lengths", (8, 32), r"ending with max_len=16"),
         ("max_decode_len", 16, r"must be < max_len=16"),
+        # Decoding options are named as the config field, not as the DecodeOptions field.
+        ("decode_batch_size", 0, r"--config.decode_batch_size=0: must be a positive integer"),
+        ("length_penalty", -0.5, r"--config.length_penalty=-0.5: must be >= 0 \(0 = none\)"),
     ],
 )
 def test_bad_config_values(field, value, message, tmp_path):

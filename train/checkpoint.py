@@ -13,12 +13,14 @@ A checkpoint that no longer restores (a file truncated by a full disk, say) whil
 does is damaged: `restore_newest_good` moves it aside to `checkpoints/<step>.corrupt`, logs
 one line, and resumes from the older one.
 
-`load_trained(workdir)` reads a finished (or running) run back for inference: its config,
-tokenizer, model and the newest parameters that restore.
+`load_trained(workdir)` reads a finished (or running) run back for inference: its config and
+the checked sections of it (`Experiment`), tokenizer, model and the newest parameters that
+restore.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pathlib
@@ -31,7 +33,8 @@ from flax import linen as nn
 
 from train import config_lib, distributed, input_pipeline
 from train.cli import CheckpointError, CheckpointWriteError
-from train.rundir import RunDir, read_json
+from train.rundir import RunDir
+from train.sections import Experiment
 from train.tasks import get_task
 from train.tokenizer import Tokenizer
 
@@ -281,17 +284,31 @@ class Checkpointer:
 
 
 class TrainedModel(NamedTuple):
-    """A trained run, ready for `train.decoding.translate` / `sample_text`."""
+    """A trained run, ready for `train.decoding.translate` / `sample_text`.
+
+    Attributes:
+        config: the run's config.json as a ConfigDict, fields added since it was written
+            filled in (`config_lib.read_saved`).
+        tokenizer: the run's tokenizer.
+        model: the `Transformer` or `DecoderOnlyTransformer` of the run's model section.
+        params: the newest parameters that restore, on device.
+        step: the step they were saved at.
+        experiment: the checked sections of `config` (`train.sections.Experiment`); for
+            example `experiment.eval.decode` is how the run decodes.
+    """
 
     config: ml_collections.ConfigDict
     tokenizer: Tokenizer
     model: nn.Module
     params: Any
     step: int
+    experiment: Experiment
 
 
 def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     """Reads `workdir/config.json`, the tokenizer and the latest checkpoint's parameters.
+
+    The config passes the same section checks as a training run's (`Experiment.from_config`).
 
     Args:
         workdir: a run directory written by `train.main`.
@@ -304,31 +321,24 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
         CheckpointError: no checkpoint restores into the model of the saved config (a
             RunFailure: damaged files).
         DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
+        ValueError: a value of config.json fails today's checks (names the file and field).
     """
     run = RunDir(workdir)
-    workdir, config_path = run.path, run.config
-    if not config_path.exists():
-        raise FileNotFoundError(
-            f"{config_path} not found: {workdir} is not a training run directory ; train with "
-            f"`python -m train.main --workdir {workdir}` first."
-        )
-    saved = read_json(
-        config_path,
-        f"delete it and rerun `python -m train.main --workdir {workdir}` with the run's "
-        "--config and overrides: it is rewritten and the run resumes",
+    config, experiment = config_lib.read_saved(run.path)
+    tokenizer = input_pipeline.make_tokenizer(
+        experiment.data.tokenizer, experiment.data.vocab_size, run
     )
-    config = ml_collections.ConfigDict(saved)
-    tokenizer = input_pipeline.make_tokenizer(config.tokenizer, config.vocab_size, run)
-    task = get_task(config.task)
-    model = task.make_model(config_lib.model_config(config, tokenizer.vocab_size))
+    task = get_task(experiment.data.task)
+    # As training builds it: the model section with the tokenizer's vocabulary.
+    model = task.make_model(dataclasses.replace(experiment.model, vocab_size=tokenizer.vocab_size))
     # Only the parameters are read, into the shapes of a freshly initialised model.
     init_inputs = task.init_inputs()
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
-    checkpointer = Checkpointer(workdir, read_only=True)
+    checkpointer = Checkpointer(run.path, read_only=True)
     try:
         params, step = checkpointer.restore_params(target)
     finally:
         checkpointer.close()
     params = jax.device_put(params)  # on device once, not per call
-    return TrainedModel(config, tokenizer, model, params, step)
+    return TrainedModel(config, tokenizer, model, params, step, experiment)

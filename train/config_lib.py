@@ -1,5 +1,6 @@
 """The experiment config (ml_collections, `configs/*.py`): its one check-and-convert into
-sections (`train.sections.Experiment`), and what a resumed run must keep of it.
+sections (`train.sections.Experiment`), what a resumed run must keep of it, and the config a
+run directory recorded (`read_saved`, for the tools that read a trained run).
 
 Every check names the field as it is written on the command line (`--config.field=value`),
 so a bad override is fixed where it was made.
@@ -8,12 +9,15 @@ so a bad override is fixed where it was made.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train.cli import DamagedFileError
+from train.rundir import RunDir, read_json
 from train.sections import PACKINGS, DataConfig, Experiment, RunConfig, model_config
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "PACKINGS",
     "changed_identity_fields",
     "model_config",
+    "read_saved",
     "validate_config",
 ]
 
@@ -46,6 +51,62 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
     return Experiment.from_config(config)
 
 
+def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved config with today's names: `packed` (a bool) became `packing`."""
+    saved = dict(saved)
+    if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
+        saved["packing"] = "stream" if saved.get("packed") else "none"
+    return saved
+
+
+def read_saved(
+    workdir: str | os.PathLike,
+) -> tuple[ml_collections.ConfigDict, Experiment]:
+    """The config a run recorded in `workdir/config.json`, and its checked sections.
+
+    A config.json written by an earlier version of the program lacks the fields added since:
+    they take `configs/default.py`'s values, and a model field the model's default (as
+    `changed_identity_fields` compares them); `packed` is read as today's `packing`.
+
+    Args:
+        workdir: a run directory written by `train.main`.
+
+    Returns:
+        (the config as the run wrote it, defaults filled in; `Experiment.from_config` of it).
+
+    Raises:
+        FileNotFoundError: no config.json in `workdir`.
+        DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
+        ValueError: a recorded value fails today's checks; names config.json and the field.
+    """
+    from configs import default  # the package's own configs, imported only when needed
+
+    run = RunDir(workdir)
+    path = run.config
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: {run.path} is not a training run directory ; train with "
+            f"`python -m train.main --workdir {run.path}` first."
+        )
+    fix = (
+        f"delete it and rerun `python -m train.main --workdir {run.path}` with the run's "
+        "--config and overrides: it is rewritten and the run resumes"
+    )
+    saved = read_json(path, fix)
+    if not isinstance(saved, dict):
+        raise DamagedFileError(f"{path} holds no JSON object ; {fix}")
+    saved = _renamed(saved)
+    saved.pop("packed", None)
+    config = ml_collections.ConfigDict({**default.get_config().to_dict(), **saved})
+    try:
+        return config, Experiment.from_config(config)
+    except ValueError as err:
+        raise ValueError(
+            f"{path} records {err} ; correct the value in the file (this version of the "
+            "program refuses it), or retrain."
+        ) from None
+
+
 def changed_identity_fields(
     saved: Mapping[str, Any], current: ml_collections.ConfigDict
 ) -> list[str]:
@@ -59,8 +120,7 @@ def changed_identity_fields(
         Names like 'model.d_model' or 'vocab_size', empty when the run may resume.
     """
     now = current.to_dict()
-    if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
-        saved = {**saved, "packing": "stream" if saved.get("packed") else "none"}
+    saved = _renamed(saved)
     # A model field that an older config.json lacks had the model's default then.
     model_defaults = {
         f.name: f.default

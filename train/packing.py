@@ -308,7 +308,7 @@ class Packer:
         the `num_devices` devices or `share.count` processes."""
         if data.batch_size and data.batch_size % share.count:
             raise ValueError(
-                f"--data.batch_size={data.batch_size} must be a multiple of the "
+                f"--config.batch_size={data.batch_size}: must be a multiple of the "
                 f"{share.count} processes the batch is split over."
             )
 
@@ -390,7 +390,7 @@ class Stream(Packer):
     def check(self, data, num_devices, share):
         if data.batch_size % num_devices:
             raise ValueError(
-                f"--data.batch_size={data.batch_size} must be a multiple of the "
+                f"--config.batch_size={data.batch_size}: must be a multiple of the "
                 f"{num_devices} devices the batch is split over."
             )
         super().check(data, num_devices, share)

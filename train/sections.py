@@ -420,20 +420,8 @@ class EvalConfig:
 
     @classmethod
     def from_config(cls, config: ml_collections.ConfigDict) -> EvalConfig:
-        for name in ("decode_batch_size", "beam_size"):
-            if not _is_int(config[name]) or config[name] < 1:
-                raise fail(name, config[name], "must be a positive integer")
-        for name in ("max_decode_len", "top_k"):
-            if not _is_int(config[name]) or config[name] < 0:
-                raise fail(name, config[name], "must be a non-negative integer")
-        if not 0.0 < config.top_p <= 1.0:
-            raise fail("top_p", config.top_p, "must be in (0, 1]")
-        if config.temperature < 0:
-            raise fail("temperature", config.temperature, "must be >= 0 (0 = greedy)")
-        if config.max_decode_len >= config.max_len:
-            raise fail(
-                "max_decode_len", config.max_decode_len, f"must be < max_len={config.max_len} or 0"
-            )
+        """The eval section; the decoding options check themselves (`DecodeOptions`) and
+        are named as the config fields they come from."""
         return cls(
             num_eval_batches=config.num_eval_batches,
             bleu_examples=config.bleu_examples,

@@ -78,7 +78,7 @@ from flax_transformer.decoding.validation import unbox_params  # noqa: E402
 from flax_transformer.functional import apply_rope, broadcast_mask, project  # noqa: E402
 from flax_transformer.functional.attention import MASK_VALUE  # noqa: E402
 from flax_transformer.functional.positions import DEFAULT_BASE  # noqa: E402
-from train.checkpoint import load_trained  # noqa: E402
+from train import tools  # noqa: E402
 from train.cli import (  # noqa: E402
     RUN_ERROR,
     USAGE_ERROR,
@@ -767,12 +767,8 @@ def visualize(
         The paths written.
     """
     quiet_library_logs()
-    try:
-        run = load_trained(workdir)
-    except RunFailure as err:  # damaged config.json or checkpoints
-        die(str(err), RUN_ERROR)
-    except (FileNotFoundError, ValueError) as err:
-        die(str(err))
+    tools.check_positive("max_new_tokens", max_new_tokens)
+    run = tools.load_run(workdir)
     tok = run.tokenizer
     started = time.perf_counter()
     try:
