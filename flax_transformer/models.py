@@ -2,7 +2,7 @@
 
 Both models also run incrementally for generation, over a KV cache that is an explicit
 pytree passed in and returned (as Gemma does; `flax_transformer.decoding.cache` defines it,
-`init_cache` builds it). `extend(tokens (B, T), cache, lengths)` runs T new tokens per
+`init_cache` builds it). `extend(tokens (B, T), cache, lengths_B=...)` runs T new tokens per
 sequence in one pass (a whole prompt: parallel prefill; or one token: a decoding step),
 writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `lengths[b]`
 (default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
@@ -235,6 +235,7 @@ class Transformer(nn.Module):
         src_BS: jax.Array,
         tgt_BT: jax.Array,
         cache: dict,
+        *,
         lengths_B: jax.Array | None = None,
     ) -> tuple[jax.Array, dict]:
         """Encode the source once and run the decoder prompt `tgt_BT` over an empty cache.
@@ -272,7 +273,7 @@ class Transformer(nn.Module):
         return _extend_decoder(self.decoder, cfg, vocab, tgt_BT, cache, lengths_B, encoded_BSD)
 
     def extend(
-        self, tgt_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+        self, tgt_BT: jax.Array, cache: dict, *, lengths_B: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
         """Decoder over `tgt_BT` `(B, T)` after a `prefill`: `(logits (B, T, V), cache)`.
 
@@ -348,7 +349,7 @@ class DecoderOnlyTransformer(nn.Module):
         return logits
 
     def extend(
-        self, tokens_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+        self, tokens_BT: jax.Array, cache: dict, *, lengths_B: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
         """Run `tokens_BT` `(B, T)` over the cache: a prompt (prefill) or one new token.
 

@@ -384,7 +384,7 @@ def test_fractional_lengths_and_bad_cache_sizes(tiny):
     cache = init_cache(cfg, 2, 6)
     tokens = jnp.array([[1, 6, 7], [1, 8, 0]])
     with pytest.raises(TypeError, match=r"lengths_B must be int token counts.*float32"):
-        lm.apply(lm_vars, tokens, cache, jnp.array([2.5, 1.7]), method="extend")
+        lm.apply(lm_vars, tokens, cache, lengths_B=jnp.array([2.5, 1.7]), method="extend")
     for bad, exc in ((-1, ValueError), (2.5, TypeError), (0, ValueError)):
         with pytest.raises(exc, match=r"init_cache: batch="):
             init_cache(cfg, bad, 6)
