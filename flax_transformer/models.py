@@ -34,6 +34,7 @@ from flax_transformer.decoding.cache import cache_length, check_cache_kind, chec
 from flax_transformer.functional.checks import is_concrete, runtime_check
 from flax_transformer.inputs import (
     check_packing,
+    check_segment_ids,
     check_tokens,
     cross_attention_mask,
     self_attention_mask,
@@ -142,7 +143,13 @@ class Transformer(nn.Module):
         check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks)
         names = ("src_tokens", "src_segment_ids", "src_positions")
         positions_BS = check_packing(
-            src_BS, segment_ids_BS, positions_BS, cfg.max_len, names, debug_checks=checks
+            src_BS,
+            segment_ids_BS,
+            positions_BS,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         encoded = self.encoder(
             src_BS,
@@ -177,11 +184,23 @@ class Transformer(nn.Module):
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
         names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
         positions_BT = check_packing(
-            tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg.max_len, names, debug_checks=checks
+            tgt_BT,
+            tgt_segment_ids_BT,
+            tgt_positions_BT,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         cross_mask = cross_attention_mask(
             src_BS, cfg.pad_id, src_segment_ids_BS, tgt_segment_ids_BT
         )
+        if src_segment_ids_BS is not None:
+            # Checked again here (encode checked them too) as decode is public on its own.
+            src_names = ("src_tokens", "src_segment_ids")
+            check_segment_ids(
+                src_BS, src_segment_ids_BS, cfg.pad_id, src_names, debug_checks=checks
+            )
         logits = self.decoder(
             tgt_BT,
             encoded_BSD,
@@ -335,7 +354,13 @@ class DecoderOnlyTransformer(nn.Module):
         check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks)
         names = ("tokens", "segment_ids", "positions")
         positions_BT = check_packing(
-            tokens_BT, segment_ids_BT, positions_BT, cfg.max_len, names, debug_checks=checks
+            tokens_BT,
+            segment_ids_BT,
+            positions_BT,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         logits = self.decoder(
             tokens_BT,
