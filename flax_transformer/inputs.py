@@ -1,8 +1,9 @@
 """What the models check and build from their token inputs, before any compute is spent.
 
 `check_tokens` (exported) and, for packed sequences, `check_packing` (segment ids and
-positions) raise ValueError for bad inputs; `self_attention_mask` and
-`cross_attention_mask` build the padding, causal and segment masks of the attentions.
+positions, with `check_segment_ids` for the ids' values) raise ValueError for bad inputs;
+`self_attention_mask` and `cross_attention_mask` build the padding, causal and segment
+masks of the attentions.
 """
 
 from __future__ import annotations
@@ -82,16 +83,17 @@ def check_packing(
     segment_ids_BT: jax.Array | None,
     positions_BT: jax.Array | None,
     max_len: int,
+    pad_id: int,
     names: tuple[str, str, str],
     *,
     debug_checks: bool = False,
 ) -> jax.Array | None:
     """Check a packed row's segment ids and positions; return the positions to use.
 
-    Segment ids must be int `(B, T)` like the tokens, positions int `(B|1, T)` in
-    `[0, max_len)` (their range is checked for concrete arrays, and under `jit` with
-    `debug_checks`). Positions default to `segment_positions(segment_ids)` when segment ids
-    are given, else None (0..T-1).
+    Segment ids must be int `(B, T)` like the tokens and follow `check_segment_ids`,
+    positions int `(B|1, T)` in `[0, max_len)` (values checked for concrete arrays, and
+    under `jit` with `debug_checks`). Positions default to `segment_positions(segment_ids)`
+    when segment ids are given, else None (0..T-1).
     """
     tokens_name, segments_name, positions_name = names
     for name, ids, batches in (
@@ -110,10 +112,117 @@ def check_packing(
                 f"{name} must be int ids of the shape of {tokens_name} {tokens_BT.shape}, got "
                 f"{ids.dtype} {ids.shape}; give one id per token."
             )
+    if segment_ids_BT is not None:
+        check_segment_ids(tokens_BT, segment_ids_BT, pad_id, names[:2], debug_checks=debug_checks)
     if positions_BT is None:
         return None if segment_ids_BT is None else segment_positions(segment_ids_BT)
     check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
     return positions_BT
+
+
+def check_segment_ids(
+    tokens_BT: jax.Array,
+    segment_ids_BT: jax.Array,
+    pad_id: int,
+    names: tuple[str, str],
+    *,
+    debug_checks: bool = False,
+) -> None:
+    """ValueError for segment ids that break the packing rules, naming row, position, value.
+
+    The rules (docs/api.md, "Packed sequences"): 0 marks padding, so a real token (not
+    `pad_id`) in segment 0 is refused (ids counted from 0 would make the first example
+    padding: it attends to nothing); and each example is one contiguous run of its id, so
+    an id that comes back after another id is refused (its two runs would attend to each
+    other). Concrete arrays are checked here; under `jit` the same two rules are checkify
+    checks with `debug_checks`, and nothing without.
+
+    Args:
+      tokens_BT: int token ids `(B, T)`.
+      segment_ids_BT: int `(B, T)`, the shape of the tokens (checked by the caller).
+      pad_id: the padding token, the one token allowed in segment 0.
+      names: the tokens' and the segment ids' argument names, for the messages.
+    """
+    tokens_name, segments_name = names
+    unlabelled_message = (
+        f"{segments_name} is 0 (padding) at ({{row}}, {{position}}), where {tokens_name} holds "
+        f"the real token {{token}} (pad_id={pad_id}); number a row's examples 1, 2, ... and "
+        "keep 0 for padding (ids counted from 0 would make the first example padding: add 1)."
+    )
+    reopened_message = (
+        f"{segments_name} holds segment id {{value}} again at ({{row}}, {{position}}), after "
+        "another id; each packed example must be one contiguous run of its own id (two runs "
+        "of one id attend to each other): give every example in a row a new id 1, 2, 3, ..."
+    )
+    if is_concrete(tokens_BT, segment_ids_BT):
+        # numpy, not jnp: inside a `jit` trace jnp would turn even concrete arrays into tracers.
+        tokens, segments = np.asarray(tokens_BT), np.asarray(segment_ids_BT)
+        bad = np.argwhere((segments == 0) & (tokens != pad_id))
+        if bad.size:
+            row, position = (int(i) for i in bad[0])
+            token = int(tokens[row, position])
+            raise ValueError(unlabelled_message.format(row=row, position=position, token=token))
+        for row, ids in enumerate(segments):
+            starts = np.flatnonzero(np.diff(ids, prepend=ids[:1] - 1) != 0)
+            starts = starts[ids[starts] != 0]
+            _, first = np.unique(ids[starts], return_index=True)
+            again = np.setdiff1d(np.arange(len(starts)), first)
+            if again.size:
+                position = int(starts[again.min()])
+                raise ValueError(
+                    reopened_message.format(value=ids[position], row=row, position=position)
+                )
+        return
+    if not debug_checks:
+        return
+    unlabelled = (segment_ids_BT == 0) & (tokens_BT != pad_id)
+    flat = jnp.argmax(unlabelled.reshape(-1))
+    length = tokens_BT.shape[1]
+    runtime_check(
+        True,
+        ~unlabelled,
+        unlabelled_message,
+        row=flat // length,
+        position=flat % length,
+        token=tokens_BT.reshape(-1)[flat],
+    )
+    reopened_BT = _reopened(segment_ids_BT)
+    flat = jnp.argmax(reopened_BT.reshape(-1))
+    runtime_check(
+        True,
+        ~reopened_BT,
+        reopened_message,
+        value=segment_ids_BT.reshape(-1)[flat],
+        row=flat // length,
+        position=flat % length,
+    )
+
+
+def _reopened(segment_ids_BT: jax.Array) -> jax.Array:
+    """bool `(B, T)`: True where a run of a nonzero id starts whose id already ran earlier
+    in the row (traceable; the check under `jit`)."""
+    starts_BT = jnp.concatenate(
+        [
+            jnp.ones_like(segment_ids_BT[:, :1], jnp.bool_),
+            segment_ids_BT[:, 1:] != segment_ids_BT[:, :-1],
+        ],
+        axis=1,
+    )
+    starts_BT &= segment_ids_BT != 0
+    # Each row's run-start ids, stably sorted by id: a run start whose sorted neighbour
+    # before it holds the same id is a later run of that id (stable: it comes later).
+    keyed_BT = jnp.where(starts_BT, segment_ids_BT, 0)
+    order_BT = jnp.argsort(keyed_BT, axis=1, stable=True)
+    sorted_BT = jnp.take_along_axis(keyed_BT, order_BT, axis=1)
+    repeat_BT = jnp.concatenate(
+        [
+            jnp.zeros_like(sorted_BT[:, :1], jnp.bool_),
+            (sorted_BT[:, 1:] == sorted_BT[:, :-1]) & (sorted_BT[:, 1:] != 0),
+        ],
+        axis=1,
+    )
+    rows_B1 = jnp.arange(segment_ids_BT.shape[0])[:, None]
+    return jnp.zeros_like(repeat_BT).at[rows_B1, order_BT].set(repeat_BT)
 
 
 def check_positions(

@@ -2,7 +2,7 @@
 
 Both models also run incrementally for generation, over a KV cache that is an explicit
 pytree passed in and returned (as Gemma does; `flax_transformer.decoding.cache` defines it,
-`init_cache` builds it). `extend(tokens (B, T), cache, lengths)` runs T new tokens per
+`init_cache` builds it). `extend(tokens (B, T), cache, lengths_B=...)` runs T new tokens per
 sequence in one pass (a whole prompt: parallel prefill; or one token: a decoding step),
 writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `lengths[b]`
 (default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
@@ -34,6 +34,7 @@ from flax_transformer.decoding.cache import cache_length, check_cache_kind, chec
 from flax_transformer.functional.checks import is_concrete, runtime_check
 from flax_transformer.inputs import (
     check_packing,
+    check_segment_ids,
     check_tokens,
     cross_attention_mask,
     self_attention_mask,
@@ -142,7 +143,13 @@ class Transformer(nn.Module):
         check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks)
         names = ("src_tokens", "src_segment_ids", "src_positions")
         positions_BS = check_packing(
-            src_BS, segment_ids_BS, positions_BS, cfg.max_len, names, debug_checks=checks
+            src_BS,
+            segment_ids_BS,
+            positions_BS,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         encoded = self.encoder(
             src_BS,
@@ -177,11 +184,23 @@ class Transformer(nn.Module):
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
         names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
         positions_BT = check_packing(
-            tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg.max_len, names, debug_checks=checks
+            tgt_BT,
+            tgt_segment_ids_BT,
+            tgt_positions_BT,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         cross_mask = cross_attention_mask(
             src_BS, cfg.pad_id, src_segment_ids_BS, tgt_segment_ids_BT
         )
+        if src_segment_ids_BS is not None:
+            # Checked again here (encode checked them too) as decode is public on its own.
+            src_names = ("src_tokens", "src_segment_ids")
+            check_segment_ids(
+                src_BS, src_segment_ids_BS, cfg.pad_id, src_names, debug_checks=checks
+            )
         logits = self.decoder(
             tgt_BT,
             encoded_BSD,
@@ -235,6 +254,7 @@ class Transformer(nn.Module):
         src_BS: jax.Array,
         tgt_BT: jax.Array,
         cache: dict,
+        *,
         lengths_B: jax.Array | None = None,
     ) -> tuple[jax.Array, dict]:
         """Encode the source once and run the decoder prompt `tgt_BT` over an empty cache.
@@ -272,7 +292,7 @@ class Transformer(nn.Module):
         return _extend_decoder(self.decoder, cfg, vocab, tgt_BT, cache, lengths_B, encoded_BSD)
 
     def extend(
-        self, tgt_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+        self, tgt_BT: jax.Array, cache: dict, *, lengths_B: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
         """Decoder over `tgt_BT` `(B, T)` after a `prefill`: `(logits (B, T, V), cache)`.
 
@@ -334,7 +354,13 @@ class DecoderOnlyTransformer(nn.Module):
         check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks)
         names = ("tokens", "segment_ids", "positions")
         positions_BT = check_packing(
-            tokens_BT, segment_ids_BT, positions_BT, cfg.max_len, names, debug_checks=checks
+            tokens_BT,
+            segment_ids_BT,
+            positions_BT,
+            cfg.max_len,
+            cfg.pad_id,
+            names,
+            debug_checks=checks,
         )
         logits = self.decoder(
             tokens_BT,
@@ -348,7 +374,7 @@ class DecoderOnlyTransformer(nn.Module):
         return logits
 
     def extend(
-        self, tokens_BT: jax.Array, cache: dict, lengths_B: jax.Array | None = None
+        self, tokens_BT: jax.Array, cache: dict, *, lengths_B: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
         """Run `tokens_BT` `(B, T)` over the cache: a prompt (prefill) or one new token.
 

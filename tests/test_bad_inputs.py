@@ -299,6 +299,13 @@ def test_labels_outside_the_classes(label):
     )
     assert np.isnan(loss[1]) and weights[1] == 1.0  # a NaN the training loop stops on
     np.testing.assert_allclose(loss[0], -jax.nn.log_softmax(logits[0])[1], rtol=1e-6)
+    # With debug_checks, through checked: raised from inside the jitted call, V included.
+    loss_fn = checked(functools.partial(label_smoothed_cross_entropy, pad_id=0, debug_checks=True))
+    low, high = sorted((1, label))
+    with pytest.raises(checkify.JaxRuntimeError, match=rf"labels hold \[{low}, {high}\] where"):
+        loss_fn(logits, labels)
+    ok, _ = loss_fn(logits, jnp.array([1, 0]))  # pad_id passes
+    assert ok[1] == 0.0
 
 
 def test_torch_ignore_index_as_pad_id():
@@ -384,7 +391,7 @@ def test_fractional_lengths_and_bad_cache_sizes(tiny):
     cache = init_cache(cfg, 2, 6)
     tokens = jnp.array([[1, 6, 7], [1, 8, 0]])
     with pytest.raises(TypeError, match=r"lengths_B must be int token counts.*float32"):
-        lm.apply(lm_vars, tokens, cache, jnp.array([2.5, 1.7]), method="extend")
+        lm.apply(lm_vars, tokens, cache, lengths_B=jnp.array([2.5, 1.7]), method="extend")
     for bad, exc in ((-1, ValueError), (2.5, TypeError), (0, ValueError)):
         with pytest.raises(exc, match=r"init_cache: batch="):
             init_cache(cfg, bad, 6)
@@ -435,6 +442,56 @@ def test_positions_outside_the_table(tiny, bad_position):
         apply(variables, tokens, positions_BT=positions)
 
 
+# Packed rows: 0 is padding and each example one contiguous run of its id. 0-based ids made
+# the first example padding (off by up to 5.8); a reopened id let two runs attend to each
+# other (off by 2.9). Both refused, naming the row, position and value.
+SEGMENT_CASES = [
+    ([[0, 0, 0, 1, 1, 1]], r"is 0 \(padding\) at \(0, 0\), where \w+ holds the real token 3"),
+    ([[1, 1, 2, 2, 1, 1]], r"holds segment id 1 again at \(0, 4\), after another id"),
+]
+PACKED = jnp.array([[3, 4, 5, 6, 7, 8]])
+
+
+@pytest.mark.parametrize("segments, message", SEGMENT_CASES)
+def test_segment_ids_of_the_decoder_only_model(tiny, segments, message):
+    lm, variables = tiny["lm"], tiny["lm_vars"]
+    segments = jnp.array(segments)
+    with pytest.raises(ValueError, match="segment_ids " + message):
+        lm.apply(variables, PACKED, segment_ids_BT=segments)
+    apply = checked(tiny["checked_lm"].apply)
+    with pytest.raises(checkify.JaxRuntimeError, match="segment_ids " + message):
+        apply(variables, PACKED, segment_ids_BT=segments)
+    # Valid ids, padding in segment 0 and a pad token inside a segment, pass both ways.
+    tokens, valid = jnp.array([[3, 4, 0, 6, 0, 0]]), jnp.array([[1, 1, 1, 2, 0, 0]])
+    chex.assert_trees_all_close(
+        apply(variables, tokens, segment_ids_BT=valid),
+        lm.apply(variables, tokens, segment_ids_BT=valid),
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("side", ["src", "tgt"])
+@pytest.mark.parametrize("segments, message", SEGMENT_CASES)
+def test_segment_ids_of_both_sides_of_the_encoder_decoder(tiny, side, segments, message):
+    model, variables = tiny["seq2seq"], tiny["seq2seq_vars"]
+    good = jnp.array([[1, 1, 1, 2, 2, 2]])
+    ids = {"src_segment_ids_BS": good, "tgt_segment_ids_BT": good}
+    ids[f"{side}_segment_ids_{'BS' if side == 'src' else 'BT'}"] = jnp.array(segments)
+    match = f"{side}_segment_ids {message}"
+    with pytest.raises(ValueError, match=match):
+        model.apply(variables, PACKED, PACKED, **ids)
+    with pytest.raises(checkify.JaxRuntimeError, match=match):
+        checked(tiny["checked_seq2seq"].apply)(variables, PACKED, PACKED, **ids)
+    encoded = model.apply(variables, PACKED, segment_ids_BS=good, method="encode")
+    with pytest.raises(ValueError, match=match):  # decode alone checks both sides too
+        model.apply(variables, encoded, PACKED, PACKED, **ids, method="decode")
+    if side == "src":
+        with pytest.raises(ValueError, match=r"src_segment_ids " + message):
+            model.apply(
+                variables, PACKED, segment_ids_BS=ids["src_segment_ids_BS"], method="encode"
+            )
+
+
 def test_cache_overflow(tiny):
     cfg, lm, variables = tiny["cfg"], tiny["lm"], tiny["lm_vars"]
     tokens = tiny["tgt"]  # 3 tokens into 2 slots
@@ -463,6 +520,11 @@ def test_prompt_lengths_under_jit(tiny):
         checked(lambda v, p, n: generate_text(tiny["checked_lm"], v, p, n, **kwargs))(
             tiny["lm_vars"], prompts, jnp.array([4, 0])
         )
+    # Unchecked: the empty prompt's first logits are NaN, never those of row -1.
+    _, logits = jax.jit(
+        lambda v, p, n: generate_text(tiny["lm"], v, p, n, return_logits=True, **kwargs)
+    )(tiny["lm_vars"], prompts, jnp.array([4, 0]))
+    assert np.isnan(np.asarray(logits[1, 0])).all() and np.isfinite(np.asarray(logits[0])).all()
     good = under_jit(tiny["lm"])(tiny["lm_vars"], prompts, jnp.array([4, 2]))
     np.testing.assert_array_equal(
         good, generate_text(tiny["lm"], tiny["lm_vars"], prompts, jnp.array([4, 2]), **kwargs)

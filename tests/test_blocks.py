@@ -9,14 +9,19 @@ from flax import linen as nn
 from flax_transformer import (
     Decoder,
     DecoderLayer,
+    DecoderOnlyTransformer,
     Embed,
     Encoder,
     EncoderLayer,
     LayerConfig,
+    MultiHeadAttention,
+    PositionalEncoding,
+    Transformer,
     TransformerConfig,
     causal_mask,
     layer_norm,
 )
+from flax_transformer.decoding import init_cache
 
 B, S, T, D, N, F, V = 2, 6, 5, 16, 4, 32, 37
 CONFIG = TransformerConfig(
@@ -94,6 +99,34 @@ def test_layer_dropout_by_keyword(layer, args):
     chex.assert_trees_all_close(off, module.apply(params, *args, deterministic=True)[0])
     on = module.apply(params, *args, deterministic=False, rngs={"dropout": jax.random.key(1)})[0]
     assert not jnp.allclose(on, off)
+
+
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        (EncoderLayer(CONFIG), (X_BSD, None)),
+        (DecoderLayer(CONFIG), (Y_BTD, X_BSD, causal_mask(T), None)),
+        (Encoder(CONFIG), (X_BSD, None)),
+        (Decoder(CONFIG), (Y_BTD, X_BSD, None, None)),
+        (MultiHeadAttention(num_heads=N), (X_BSD, None, None)),
+        (PositionalEncoding(CONFIG.max_len), (X_BSD,)),
+        (DecoderOnlyTransformer(CONFIG), (TGT_BT,)),
+        (Transformer(CONFIG), (SRC_BS, TGT_BT)),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, nn.Module) else "",
+)
+def test_options_after_the_inputs_are_keyword_only(module, args):
+    # `EncoderLayer(cfg).apply(v, x, mask, False)` once put False into positions_BS: no
+    # dropout and no word. Every option after the inputs is keyword-only now.
+    with pytest.raises(TypeError, match="positional argument"):
+        module.init(jax.random.key(0), *args, False)
+
+
+def test_extend_takes_lengths_by_keyword_only():
+    lm = DecoderOnlyTransformer(CONFIG)
+    cache = init_cache(CONFIG, B, 8)
+    with pytest.raises(TypeError, match="positional argument"):
+        lm.init(jax.random.key(0), TGT_BT, cache, jnp.full((B,), T), method="extend")
 
 
 @pytest.mark.slow  # four layer loops with dropout compiled

@@ -224,15 +224,15 @@ def test_cache_overflow_raises():
     with pytest.raises(ValueError, match=r"sequence 0 has filled 4 .* 1 new tokens would need 5"):
         extend(PROMPT[:, :1], cache)
     # Ragged prompts: rows 1 and 2 have room for one more token, row 0 has not.
-    _, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([4, 3, 3]))
+    _, cache = extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), lengths_B=jnp.array([4, 3, 3]))
     with pytest.raises(ValueError, match=r"sequence 0 has filled 4"):
         extend(PROMPT[:, :1], cache)
-    _, cache = extend(PROMPT[:, :1], cache, jnp.array([0, 1, 1]))
+    _, cache = extend(PROMPT[:, :1], cache, lengths_B=jnp.array([0, 1, 1]))
     np.testing.assert_array_equal(cache["index"], [4, 4, 4])
     with pytest.raises(
         ValueError, match=r"lengths_B=\[5, 1, 1\] must hold one count in \[0, T=4\]"
     ):
-        extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), jnp.array([5, 1, 1]))
+        extend(PROMPT[:, :4], init_cache(CONFIG, 3, 4), lengths_B=jnp.array([5, 1, 1]))
 
     mt, mt_params = _mt()
     prefill = functools.partial(mt.apply, mt_params, method="prefill")

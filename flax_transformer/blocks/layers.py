@@ -125,6 +125,7 @@ class EncoderLayer(nn.Module):
         self,
         x_BSD: jax.Array,
         mask: jax.Array | None = None,
+        *,
         positions_BS: jax.Array | None = None,
         deterministic: bool = True,
     ) -> tuple[jax.Array, None]:
@@ -174,6 +175,7 @@ class DecoderLayer(nn.Module):
         encoded_BSD: jax.Array | None = None,
         self_mask: jax.Array | None = None,
         cross_mask: jax.Array | None = None,
+        *,
         cache_index: jax.Array | None = None,
         positions_BT: jax.Array | None = None,
         cache: dict | None = None,

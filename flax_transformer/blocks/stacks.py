@@ -35,7 +35,8 @@ from flax_transformer.layers.initializers import partitioned
 
 def _one_input_layer(layer_cls: type[nn.Module], cached: bool) -> type[nn.Module]:
     """`layer_cls` called as `(x, args, cache, deterministic)`: every per-layer input in one
-    tuple `args`, so the stack's call has the same four positions whatever the layer takes.
+    dict `args` of the layer's keyword names, so the stack's call has the same four positions
+    whatever the layer takes (the layers themselves take their options by keyword only).
 
     A subclass, not a wrapper module: the parameters keep the layer's own names and paths.
     """
@@ -43,8 +44,8 @@ def _one_input_layer(layer_cls: type[nn.Module], cached: bool) -> type[nn.Module
     class OneInputLayer(layer_cls):
         def __call__(self, x, args, cache, deterministic):
             if cached:
-                return super().__call__(x, *args, cache=cache, deterministic=deterministic)
-            return super().__call__(x, *args, deterministic=deterministic)
+                return super().__call__(x, **args, cache=cache, deterministic=deterministic)
+            return super().__call__(x, **args, deterministic=deterministic)
 
     OneInputLayer.__name__ = OneInputLayer.__qualname__ = layer_cls.__name__
     return OneInputLayer
@@ -65,8 +66,8 @@ def _stack(
     """Build the layer stack: `nn.scan` over one stacked layer, or `num_layers` unrolled ones.
 
     Returns a function `(x, args, cache=None, deterministic=True) -> (x, cache)` to call
-    inside a compact module; `args` is the tuple of per-layer inputs after `x`, in the
-    layer's own order, the same for every layer (`_one_input_layer`). If `cached`, each
+    inside a compact module; `args` is the dict of per-layer inputs after `x`, by the
+    layer's keyword names, the same for every layer (`_one_input_layer`). If `cached`, each
     layer also takes its part of `cache` (a tree as in the module docstring, or None) and
     returns it updated; the function reassembles the tree. Scanned params live under
     'layers' with a leading `(num_layers,)` axis; unrolled ones under 'layers_0', ...
@@ -156,7 +157,9 @@ class Encoder(nn.Module):
         cfg = self.config
         x_BSD = _embed_inputs("Encoder", cfg, self.embed, inputs, deterministic, positions_BS)
         stack = _stack(EncoderLayer, cfg, cfg.encoder_layers)
-        x_BSD, _ = stack(x_BSD, (mask, positions_BS), deterministic=deterministic)
+        x_BSD, _ = stack(
+            x_BSD, {"mask": mask, "positions_BS": positions_BS}, deterministic=deterministic
+        )
         if cfg.use_final_norm:
             x_BSD = make_layer_norm(cfg, "final_norm")(x_BSD)
         return x_BSD
@@ -216,8 +219,14 @@ class Decoder(nn.Module):
         stack = _stack(
             DecoderLayer, cfg, cfg.decoder_layers, cached=True, cross_attention=self.cross_attention
         )
-        # The per-layer inputs, in DecoderLayer's order after y.
-        args = (encoded_BSD, self_mask, cross_mask, cache_index, positions_BT)
+        # The per-layer inputs, by DecoderLayer's keyword names.
+        args = {
+            "encoded_BSD": encoded_BSD,
+            "self_mask": self_mask,
+            "cross_mask": cross_mask,
+            "cache_index": cache_index,
+            "positions_BT": positions_BT,
+        }
         y_BTD, cache = stack(y_BTD, args, cache=cache, deterministic=deterministic)
         if cfg.use_final_norm:
             y_BTD = make_layer_norm(cfg, "final_norm")(y_BTD)
@@ -280,7 +289,7 @@ def _embed_inputs(
         if cfg.scale_embeddings:
             x_BTD = x_BTD * jnp.sqrt(cfg.d_model).astype(x_BTD.dtype)
     if cfg.positional != "rope":  # rotary positions live in self-attention instead
-        x_BTD = _positions(cfg)(x_BTD, positions_BT)
+        x_BTD = _positions(cfg)(x_BTD, positions_BT=positions_BT)
     x_BTD = nn.Dropout(rate=cfg.dropout_rate, deterministic=deterministic)(x_BTD)
     return nn.with_logical_constraint(x_BTD, (axes.BATCH, axes.LENGTH, axes.EMBED))
 

@@ -117,7 +117,9 @@ def text_stepper(
 
     def start():
         cache = init_cache(cfg, batch, length)
-        logits_BPV, cache = model.apply(params, prompt_BP, cache, lengths_B, method="extend")
+        logits_BPV, cache = model.apply(
+            params, prompt_BP, cache, lengths_B=lengths_B, method="extend"
+        )
         return _last_logits(logits_BPV, lengths_B), cache
 
     return Stepper(start, _cached_step(model, params), select_rows, move_rows)

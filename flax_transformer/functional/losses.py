@@ -18,7 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.functional.checks import check_floating, check_number, is_concrete
+from flax_transformer.functional.checks import (
+    check_floating,
+    check_number,
+    is_concrete,
+    runtime_check,
+)
 
 
 def label_smoothed_cross_entropy(
@@ -27,6 +32,7 @@ def label_smoothed_cross_entropy(
     *,
     label_smoothing: float = 0.0,
     pad_id: int | None = 0,
+    debug_checks: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token label-smoothed cross-entropy, zero at padding.
 
@@ -38,6 +44,9 @@ def label_smoothed_cross_entropy(
         equal to `pad_id` may hold it even when it lies outside [0, V).
       label_smoothing: eps in [0, 1): probability mass spread uniformly over the V classes.
       pad_id: label id whose positions are ignored; None counts every position.
+      debug_checks: under `jit`, make the label range a `checkify` check (run the jitted
+        function through `flax_transformer.checked`), as `TransformerConfig.debug_checks`
+        does for the models' inputs; pass the model's `config.debug_checks`.
 
     Returns:
       `(loss (...), weights (...))`, both float32: the per-token loss (exactly 0 at
@@ -47,9 +56,10 @@ def label_smoothed_cross_entropy(
     Raises:
       ValueError: shapes differ, label_smoothing is outside [0, 1), or (for concrete
         labels) a label other than pad_id lies outside [0, V). Under `jit` the labels are
-        tracers and cannot be checked: such a label gives a NaN loss at its position
-        (never a wrap-around to another class), which a training loop that stops on a NaN
-        loss reports.
+        tracers: with `debug_checks` the range is a checkify check; without, such a label
+        (V included: a vocabulary one too small) gives a NaN loss at its position (never a
+        wrap-around to another class), which a training loop that stops on a NaN loss
+        reports.
       TypeError: logits not floating, labels not int, or pad_id not an int.
     """
     fn = "label_smoothed_cross_entropy"
@@ -73,6 +83,16 @@ def label_smoothed_cross_entropy(
         values = np.asarray(labels)
         pads = np.zeros(values.shape, bool) if pad_id is None else values == pad_id
         _check_label_range(fn, values, pads, vocab, pad_id)
+    else:
+        runtime_check(
+            debug_checks,
+            is_pad | ((labels >= 0) & (labels < vocab)),
+            f"{fn}: labels hold [{{low}}, {{high}}] where not pad_id={pad_id}, outside the "
+            f"classes [0, V={vocab}); fix the labels, or check the tokenizer's vocab_size "
+            "against the model's.",
+            low=jnp.where(is_pad, jnp.iinfo(labels.dtype).max, labels).min(),
+            high=jnp.where(is_pad, jnp.iinfo(labels.dtype).min, labels).max(),
+        )
     logits = logits.astype(jnp.float32)
     if pad_id is not None:
         # Padded positions are replaced, not multiplied by zero: a NaN or inf logit there

@@ -66,7 +66,7 @@ class PositionalEncoding(nn.Module):
     param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array | None = None) -> jax.Array:
+    def __call__(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None) -> jax.Array:
         """x `(B, T, D)` plus the encoding of `positions_BT` (default 0..T-1).
 
         A position outside [0, max_len) (possible only unchecked under `jit`; the models
