@@ -125,6 +125,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_eval_batches = 0  # validation batches per evaluation; 0 = all of them
     config.checkpoint_every_steps = 550  # orbax checkpoint period (one is also saved at the end)
     config.keep_checkpoints = 2  # keep the last K checkpoints
+    config.async_checkpoints = True  # write checkpoints in a background thread while the
+    # steps go on (the loop stops only for the copy to host memory); False = wait
 
     # Decoding: BLEU / chrF and the samples printed at the end.
     config.bleu_every_steps = 550  # BLEU/chrF during training too; 0 = only at the end

@@ -543,3 +543,63 @@ def test_usage_mistakes_of_every_program_are_one_line_and_status_2(module, args,
     )
     assert result.returncode == 2, result.stderr
     assert message in _one_error_line(result)
+
+
+# Runs train.main with a step callback that sends SIGTERM (a preemption notice) to its own
+# process after step SIGTERM_AT: a real signal, at a step chosen for a repeatable test.
+_SIGTERMED = """
+import os, signal, sys
+from train import main, train_lib
+real = train_lib.train_and_evaluate
+def notice(step):
+    if step == int(os.environ["SIGTERM_AT"]):
+        os.kill(os.getpid(), signal.SIGTERM)
+train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=notice)
+sys.argv = ["train.main", *sys.argv[1:]]
+main.run()
+"""
+
+
+@pytest.mark.slow  # three short runs in subprocesses
+def test_sigterm_saves_at_the_next_step_and_the_rerun_resumes_exactly(tmp_path):
+    import jax
+    import numpy as np
+
+    from train.cli import PREEMPTED
+
+    steps = dict(num_train_steps=10, checkpoint_every_steps=4, eval_every_steps=5)
+    steps.update(log_every_steps=5, **{"model.dropout_rate": 0.1})
+    straight = tmp_path / "straight"
+    assert _run_main(*_tiny_args(tmp_path, straight, **steps)).returncode == 0
+
+    workdir = tmp_path / "preempted"
+    args = _tiny_args(tmp_path, workdir, **steps)
+    child = subprocess.run(
+        [sys.executable, "-c", _SIGTERMED, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "SIGTERM_AT": "6"},
+        timeout=300,
+    )
+    assert child.returncode == PREEMPTED == 143, child.stderr
+    lines = [line for line in child.stderr.splitlines() if line.strip()]
+    ckpts = RunDir(workdir).checkpoints
+    assert lines[-1] == (
+        f"preempted: SIGTERM at step 6; checkpoint 6 saved in {ckpts} ; rerun the same "
+        "command to resume."
+    )
+    assert "Traceback" not in child.stderr
+    assert sorted(p.name for p in ckpts.iterdir()) == ["4", "6"]
+    assert not RunDir(workdir).results.exists()
+    assert _run_main(*args).returncode == 0
+
+    a, b = _final_state(straight, 10), _final_state(workdir, 10)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+    results = [rundir.read_json(RunDir(w).results, "") for w in (straight, workdir)]
+    assert results[1]["valid"] == results[0]["valid"]
+    # The same records, except that checkpoint 6 wrote the train summary of step 6, so that
+    # of checkpoint 8 covers steps 7-8 instead of 6-8.
+    extra = [r for r in _records(workdir) if r not in _records(straight)]
+    assert [(r["step"], r["split"]) for r in extra] == [(6, "train"), (8, "train")]

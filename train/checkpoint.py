@@ -9,6 +9,15 @@ Layout: `workdir/checkpoints/<step>/{state, progress}`. 'state' is the TrainStat
 `state_dict()` (epoch and position), so a resumed run sees exactly the batches an
 uninterrupted run would have seen.
 
+Saves are asynchronous by default (`asynchronous=True`; `--config.async_checkpoints`):
+`save` returns once the state is copied to host memory (so the next train step may
+overwrite the donated device buffers) and a background thread writes the files while the
+steps go on. The next `save`, `wait` or `close` waits for that write first and raises its
+error, if any, as a `CheckpointWriteError` naming the step; a write is committed by
+renaming `<step>.orbax-checkpoint-tmp` to `<step>`, so a crash or SIGKILL during it leaves
+the previous checkpoint as the newest one that restores. `asynchronous=False` writes
+before `save` returns.
+
 A checkpoint that no longer restores (a file truncated by a full disk, say) while an older one
 does is damaged: `restore_newest_good` moves it aside to `checkpoints/<step>.corrupt`, logs
 one line, and resumes from the older one.
@@ -63,13 +72,22 @@ def _one_line(err: BaseException) -> str:
 class Checkpointer:
     """Saves every N steps (keeping the last K) and restores the latest, via orbax."""
 
-    def __init__(self, workdir: str | os.PathLike, *, keep: int = 2, read_only: bool = False):
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        keep: int = 2,
+        read_only: bool = False,
+        asynchronous: bool = True,
+    ):
         """Opens (or creates) `workdir/checkpoints`.
 
         Args:
             workdir: the run directory.
             keep: the number of most recent checkpoints kept.
             read_only: True to only restore (translate / sample programs).
+            asynchronous: True to write in a background thread (`save` returns after the
+                copy to host memory); False to write before `save` returns.
         """
         self.directory = RunDir(workdir).checkpoints
         if read_only and not self.directory.is_dir():
@@ -83,10 +101,12 @@ class Checkpointer:
             save_interval_steps=0 if read_only else 1,
             create=not read_only,
             read_only=read_only,
-            # Synchronous saves: a step's checkpoint is complete when save() returns, so
-            # a run killed right after still resumes from it.
-            enable_async_checkpointing=False,
+            enable_async_checkpointing=asynchronous and not read_only,
         )
+        self._asynchronous = options.enable_async_checkpointing
+        # The step being written in the background, and the newest step before it: what a
+        # failed write reports.
+        self._pending: tuple[int, int | None] | None = None
         # orbax warns 'Given directory is read only' for every read-only manager: for
         # translate and sample that line would come before their output, and says nothing.
         absl_logger = logging.getLogger("absl")
@@ -105,11 +125,17 @@ class Checkpointer:
     def save(self, step: int, state: Any, progress: dict[str, Any]) -> None:
         """Saves the state and the JSON-serialisable progress dict as checkpoint `step`.
 
+        Asynchronous: first waits for the previous write (raising its error), then returns
+        once `state` is copied to host memory, while the files are written in the
+        background; `wait` (or the next save, or `close`) reports how that write ended.
+
         Raises:
-            CheckpointWriteError: the write failed (disk full, say); the checkpoints saved
-                before are untouched, and the half-written one stays in a
-                `<step>.orbax-checkpoint-tmp` directory that restoring ignores.
+            CheckpointWriteError: this write failed (synchronous), or the previous one did
+                (asynchronous); the checkpoints saved before are untouched, and the
+                half-written one stays in a `<step>.orbax-checkpoint-tmp` directory that
+                restoring ignores.
         """
+        self.wait()
         previous = self.latest_step()
         try:
             self._manager.save(
@@ -122,15 +148,33 @@ class Checkpointer:
                 ),
                 force=True,
             )
-            self._manager.wait_until_finished()
         except Exception as err:  # TensorStore reports I/O errors as ValueError, orbax others
-            resume = (
-                f"it resumes from step {previous}" if previous is not None else "it starts over"
-            )
-            raise CheckpointWriteError(
-                f"Could not write checkpoint {step} in {self.directory} ({_one_line(err)}) ; "
-                f"free disk space or fix the cause, then rerun the same command: {resume}."
-            ) from err
+            raise self._write_error(step, previous, err) from err
+        self._pending = (step, previous)
+        if not self._asynchronous:
+            self.wait()
+
+    def wait(self) -> None:
+        """Blocks until the write in the background (if any) is finished.
+
+        Raises:
+            CheckpointWriteError: that write failed (names its step).
+        """
+        pending, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+            self._manager.check_for_errors()
+        except Exception as err:  # as in `save`
+            step, previous = pending or (None, self.latest_step())
+            raise self._write_error(step, previous, err) from err
+
+    def _write_error(self, step: int | None, previous: int | None, err: Exception):
+        """The one-line CheckpointWriteError of a failed write of checkpoint `step`."""
+        resume = f"it resumes from step {previous}" if previous is not None else "it starts over"
+        return CheckpointWriteError(
+            f"Could not write checkpoint {step} in {self.directory} ({_one_line(err)}) ; "
+            f"free disk space or fix the cause, then rerun the same command: {resume}."
+        )
 
     def restore(self, target_state: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restores a checkpoint into the structure, shapes and placement of `target_state`.
@@ -278,9 +322,15 @@ class Checkpointer:
         )
 
     def close(self) -> None:
-        """Waits for pending writes and releases the manager."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the pending write and releases the manager.
+
+        Raises:
+            CheckpointWriteError: the pending write failed (the manager is released first).
+        """
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
 
 class TrainedModel(NamedTuple):

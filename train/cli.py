@@ -6,7 +6,10 @@ A usage error (a bad flag, config value or data file) is the caller's to fix bef
 again: `ValueError`, `FileNotFoundError`, exit status 2 (`USAGE_ERROR`). A run failure
 happens to a correct command after it started (a disk full or read-only, a damaged
 checkpoint, a work directory locked by another run): `RunFailure`, exit status 1
-(`RUN_ERROR`); rerunning the same command may succeed once the cause is gone.
+(`RUN_ERROR`); rerunning the same command may succeed once the cause is gone. A run
+stopped by SIGTERM (a preemption notice) saves a checkpoint at the next step boundary and
+exits with 143 (`PREEMPTED`, 128 + SIGTERM, what a shell reports for a process that
+SIGTERM ended): nothing to fix, rerun the same command to resume.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" 
 # run that failed after it started (RunFailure, an I/O error).
 USAGE_ERROR = 2
 RUN_ERROR = 1
+# A run stopped by SIGTERM after saving a checkpoint: 128 + SIGTERM's number (15), the
+# status of a process that SIGTERM ends, so a scheduler reads it as 'terminated on request'.
+PREEMPTED = 143
 
 
 class RunFailure(RuntimeError):
@@ -52,6 +58,11 @@ class DamagedFileError(RunFailure, ValueError):
 
 class CheckpointWriteError(RunFailure):
     """A checkpoint could not be written (disk full, file size limit, I/O error)."""
+
+
+class Preempted(Exception):
+    """A run stopped by SIGTERM at a step boundary after saving that step's checkpoint; its
+    message is the one line to print. Not a RunFailure: nothing failed."""
 
 
 class _QuietLibraries(logging.Filter):

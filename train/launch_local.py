@@ -12,7 +12,9 @@ without a cluster: the processes find each other through JAX's own coordinator
 
 Each output line is prefixed with `[i]`, the process's index. When a process fails, the
 others are stopped (a process whose peer died would otherwise wait for it in a collective
-until JAX's heartbeat timeout); Ctrl-C stops them all. The exit status is the worst of the
+until JAX's heartbeat timeout); Ctrl-C stops them all. SIGTERM to the launcher (a
+preemption notice) goes on to every process, which then all save a checkpoint at the same
+step and exit with 143; the launcher waits for them. The exit status is the worst of the
 processes that ended on their own: 0 when all finished.
 """
 
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 LOCALHOST = "127.0.0.1"
 # Seconds between a polite SIGTERM and a SIGKILL when stopping the processes.
@@ -137,12 +139,39 @@ def stop(processes: Sequence[subprocess.Popen], grace_s: float = STOP_GRACE_S) -
             time.sleep(_POLL_S)
 
 
-def supervise(processes: Sequence[subprocess.Popen], timeout_s: float | None = None) -> int:
+def forward_sigterm(processes: Sequence[subprocess.Popen]) -> Callable[[], bool]:
+    """Installs a SIGTERM handler (main thread only) that sends SIGTERM on to every running
+    process's group; returns a function telling whether one came."""
+    came = threading.Event()
+
+    def forward(signum, frame):
+        came.set()
+        for process in processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, forward)
+    return came.is_set
+
+
+def supervise(
+    processes: Sequence[subprocess.Popen],
+    timeout_s: float | None = None,
+    sigterm_forwarded: Callable[[], bool] = lambda: False,
+) -> int:
     """Waits for the processes; stops the rest as soon as one fails (or on Ctrl-C, timeout).
+
+    After a forwarded SIGTERM (`sigterm_forwarded()` True) it waits for all of them instead:
+    each saves its checkpoint and exits on its own.
 
     Args:
         processes: from `start`.
         timeout_s: stop them all after this long (None: no limit).
+        sigterm_forwarded: from `forward_sigterm`.
 
     Returns:
         The worst exit status among the processes that ended on their own (0 if all
@@ -152,7 +181,7 @@ def supervise(processes: Sequence[subprocess.Popen], timeout_s: float | None = N
     stopped_by_us = 0
     try:
         while any(p.poll() is None for p in processes):
-            if any(p.poll() not in (None, 0) for p in processes):
+            if any(p.poll() not in (None, 0) for p in processes) and not sigterm_forwarded():
                 break
             if deadline is not None and time.monotonic() > deadline:
                 stopped_by_us = 124
@@ -186,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         processes = start(ours.num_processes, ours.devices_per_process, rest, port=ours.port)
     except ValueError as err:
         parser.error(str(err))
-    return supervise(processes, ours.timeout_s)
+    return supervise(processes, ours.timeout_s, forward_sigterm(processes))
 
 
 if __name__ == "__main__":

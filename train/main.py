@@ -16,7 +16,9 @@ bad flag, config file or value, a missing or malformed data file, a --workdir th
 file); 1 for a run failure (a work directory that cannot be written, a disk full or other
 I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
 Either way stderr gets one line, `error: <what> ; <fix>`; `--verbosity=1` (`-v 1`) adds the
-traceback and the libraries' own logs.
+traceback and the libraries' own logs. SIGTERM (a preemption notice) makes the run save a
+checkpoint at the next step boundary, print `preempted: SIGTERM at step N; ...` to stderr
+and exit with 143; rerunning the same command resumes from that step.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 from absl import app, flags, logging
 
 from train.cli import (
+    PREEMPTED,
     RUN_ERROR,
     USAGE_ERROR,
     config_file_error,
@@ -83,12 +86,15 @@ def main(argv: list[str]) -> None:
     if not distributed.is_primary():
         logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
     from train import train_lib
-    from train.cli import RunFailure
+    from train.cli import Preempted, RunFailure
     from train.corpora import CorpusNotFoundError
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     try:
         train_lib.train_and_evaluate(config, FLAGS.workdir)
+    except Preempted as err:  # a checkpoint was saved: not an error
+        print(err, file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED)
     except RunFailure as err:  # first: a damaged checkpoint is also a ValueError
         die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError, CorpusNotFoundError) as err:

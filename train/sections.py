@@ -448,7 +448,7 @@ class RunConfig(_ReadByName):
         rng_impl: the dropout PRNG ('threefry2x32', 'rbg', 'unsafe_rbg').
         mesh_shape: the (data, fsdp, tensor) device mesh; -1 = the devices left.
         log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
-            keep_checkpoints: the config fields of the same names.
+            keep_checkpoints, async_checkpoints: the config fields of the same names.
     """
 
     num_train_steps: int
@@ -460,6 +460,7 @@ class RunConfig(_ReadByName):
     bleu_every_steps: int
     checkpoint_every_steps: int
     keep_checkpoints: int
+    async_checkpoints: bool
 
     # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
     IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
@@ -476,6 +477,8 @@ class RunConfig(_ReadByName):
             "keep_checkpoints",
         )
         _check_non_negative_ints(self, "bleu_every_steps", "seed")
+        if not isinstance(self.async_checkpoints, bool):
+            raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:

@@ -6,6 +6,10 @@ Rerunning the same command resumes from the latest checkpoint, bit-identically o
 In a run of several processes (train.distributed) every process runs this same program on
 the same global arrays; only process 0 takes the lock and writes the files above, except the
 checkpoints, which every process writes together.
+
+SIGTERM (a preemption notice) stops the loop at the next step boundary: it saves that step's
+checkpoint, waits for the write, and raises `Preempted` (train.main prints its line and
+exits with 143); every process of a run stops at the same step.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -22,11 +28,13 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import linen as nn
+from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
 from train import config_lib, distributed, input_pipeline, steps
 from train.batching import WHOLE_BATCH, RowShare
 from train.checkpoint import Checkpointer
+from train.cli import Preempted
 from train.metrics import (
     MetricsWriter,
     TrainingDivergedError,
@@ -223,12 +231,45 @@ def train_and_evaluate(
     # One run per work directory; released on any exit. Process 0 holds it for the run.
     lock = WorkdirLock(run.path) if distributed.is_primary() else contextlib.nullcontext()
     with lock:
-        checkpointer = Checkpointer(run.path, keep=experiment.run.keep_checkpoints)
+        checkpointer = Checkpointer(
+            run.path,
+            keep=experiment.run.keep_checkpoints,
+            asynchronous=experiment.run.async_checkpoints,
+        )
         try:
             _check_resumable(config, run, checkpointer.latest_step() is not None)
-            return _run(experiment, run, checkpointer, step_callback)
+            with _sigterm_notice() as notice:
+                return _run(experiment, run, checkpointer, step_callback, notice)
         finally:
             checkpointer.close()
+
+
+@contextlib.contextmanager
+def _sigterm_notice():
+    """Yields an Event that SIGTERM sets, the handler installed for the block only.
+
+    Python handles signals in the main thread alone, so elsewhere (a notebook's worker
+    thread) nothing is installed. In a run of several processes neither: JAX's preemption
+    service (`jax.distributed.initialize`) takes SIGTERM there, and `_preempted` asks it.
+    """
+    notice = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or jax.process_count() > 1:
+        yield notice
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: notice.set())
+    try:
+        yield notice
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _preempted(notice: threading.Event, step: int) -> bool:
+    """Whether the loop stops after `step`: SIGTERM came. With several processes, True on
+    all of them at the same step (JAX's preemption sync point, the step after the newest
+    any process had reached when one got the signal); to be called after every step."""
+    if jax.process_count() > 1:
+        return multihost_utils.reached_preemption_sync_point(step)
+    return notice.is_set()
 
 
 def _finished_results(run: RunDir, latest: int | None, num_train_steps: int) -> dict | None:
@@ -304,8 +345,15 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     return _Start(dataset, program, state, stream, share)
 
 
-def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_callback) -> dict:
-    """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer."""
+def _run(
+    experiment: Experiment,
+    run: RunDir,
+    checkpointer: Checkpointer,
+    step_callback,
+    notice: threading.Event,
+) -> dict:
+    """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer;
+    `notice`: set by SIGTERM, it stops the loop at the next step with a checkpoint."""
     settings, evaluation = experiment.run, experiment.eval
     finished = _finished_results(run, checkpointer.latest_step(), settings.num_train_steps)
     if finished is not None:
@@ -365,12 +413,21 @@ def _run(experiment: Experiment, run: RunDir, checkpointer: Checkpointer, step_c
                     split, record, line = scored
                     writer.write(step, split, record)
                     say(f"step {step}: {line}")
-            if step % settings.checkpoint_every_steps == 0 or step == total:
+            saved = step % settings.checkpoint_every_steps == 0 or step == total
+            if saved:
                 save(step)
             if step % settings.log_every_steps == 0:
                 log.restart_clock()  # tokens/s counts training time only
             if step_callback is not None:
                 step_callback(step)
+            if _preempted(notice, step):
+                if not saved:
+                    save(step)
+                checkpointer.wait()
+                raise Preempted(
+                    f"preempted: SIGTERM at step {step}; checkpoint {step} saved in "
+                    f"{checkpointer.directory} ; rerun the same command to resume."
+                )
 
     step = int(state.step)
     valid = valid or run_eval(step)
