@@ -1,8 +1,9 @@
 """The decoding loops: one token per step under `jax.lax.while_loop`, for any `Stepper`.
 
-`sample_loop` covers greedy decoding and sampling; `beam_search` keeps the best
-`beam_size` hypotheses. Both stop early once every sequence has produced EOS, write
-padding after EOS, and compile once per shape when jitted (`generate.py` jits them).
+`sample_loop` covers greedy decoding and sampling and stops early once every sequence has
+produced EOS; `beam_search` keeps `beam_size` live and, apart, `beam_size` finished
+hypotheses and stops early once no live one can beat the finished ones. Both write padding
+after EOS and compile once per shape when jitted (`generate.py` jits them).
 """
 
 from __future__ import annotations
