@@ -1,8 +1,9 @@
 """The decoding loops: one token per step under `jax.lax.while_loop`, for any `Stepper`.
 
-`sample_loop` covers greedy decoding and sampling; `beam_search` keeps the best
-`beam_size` hypotheses. Both stop early once every sequence has produced EOS, write
-padding after EOS, and compile once per shape when jitted (`generate.py` jits them).
+`sample_loop` covers greedy decoding and sampling and stops early once every sequence has
+produced EOS; `beam_search` keeps `beam_size` live and, apart, `beam_size` finished
+hypotheses and stops early once no live one can beat the finished ones. Both write padding
+after EOS and compile once per shape when jitted (`generate.py` jits them).
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ def length_penalty(lengths: jax.Array, alpha: float | jax.Array) -> jax.Array:
     return ((base + lengths.astype(jnp.float32)) / (base + 1.0)) ** alpha
 
 
+# A log-probability below this holds a masked token (`MASKED_LOGIT`, or a beam that
+# never lived): no real hypothesis reaches it, and beam search drops such hypotheses.
+_DROPPED = MASKED_LOGIT / 2
+
+
 def _take(x_BK: jax.Array, index_BK: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BK, index_BK, axis=1)
 
@@ -142,77 +148,105 @@ def beam_search(
     alpha: float | jax.Array,
     logits_hook: LogitsHook | None = None,
 ) -> jax.Array:
-    """The best of `beam_size` hypotheses per sequence by length-normalised log-probability.
+    """The best hypothesis per sequence by length-normalised log-probability.
 
-    Each sequence keeps exactly K = `beam_size` hypotheses. A hypothesis that produced EOS
-    is finished: it stays in the beam with its score frozen (it extends only by padding, at
-    no cost) and competes with the live ones for the K places by its normalised score
-    `log p / lp(length)`, `lp` the GNMT length penalty with exponent `alpha` and `length`
-    the tokens generated, EOS included. Live hypotheses of one step all have the same
-    length, so among them the rank is by log-probability; with K = 1 the search is greedy
-    decoding exactly. The loop ends when all hypotheses have finished or after
-    `max_new_tokens`; unfinished ones are then scored at their full length.
+    Each sequence keeps two sets of K = `beam_size` hypotheses: K live ones, which the
+    model extends, and the K best finished ones, with their scores, apart from them (as in
+    the Flax wmt example and Hugging Face's `BeamSearchScorer`). A hypothesis's score is
+    `log p / lp(n)`, `lp` the GNMT length penalty with exponent `alpha` >= 0 and `n` its
+    tokens, EOS included. At step i the K live hypotheses' one-token extensions are ranked
+    by log-probability (all have length i + 1); those among the K best that end (with
+    EOS, or at `max_new_tokens`) join the finished set, which keeps its K best by score,
+    and the K best that do not end become the live ones. A finished hypothesis leaves its
+    set only for a better-scoring finished one, never for a live one.
 
-    `logits_hook`, if given, maps every step's logits `(B * K, V)` (row `b * K + k`:
-    hypothesis k of sequence b), with the hypotheses' tokens so far `(B * K, N)` (`pad_id`
-    from column `step` on) and the step, to the logits that are scored.
+    The loop stops after `max_new_tokens` steps, or earlier once no sequence's live
+    hypotheses can still beat its worst kept finished one: an extension only lowers the
+    log-probability `log p <= 0`, and `lp` grows with n, so `log p / lp(max_new_tokens)`
+    bounds every score a live hypothesis can still reach. With K = 1 and `alpha` = 0 the
+    search is greedy decoding exactly; with `alpha` > 0 the search may continue past
+    greedy's EOS and find a longer hypothesis that scores better.
+
+    The padding token is masked before the log-softmax, so the log-probabilities are
+    renormalised over the other tokens. A hypothesis that takes a masked token (padding,
+    or one a hook set to `MASKED_LOGIT`) is dropped.
+
+    `logits_hook`, if given, maps every step's logits `(B * K, V)` (row `b * K + k`: live
+    hypothesis k of sequence b), with the live hypotheses' tokens so far `(B * K, N)`
+    (`pad_id` from column `step` on) and the step, to the logits that are scored.
 
     Returns:
-      int32 `(B, max_new_tokens)`: the best hypothesis, EOS included, padding after it.
+      int32 `(B, max_new_tokens)`: the best finished hypothesis, EOS included, padding
+      after it (all padding if every token was masked).
     """
     logits_BV, state = stepper.start()
     batch, vocab = logits_BV.shape
     k = beam_size
+    # At most K of the 2K best extensions end (one EOS per live hypothesis), so they hold
+    # K that do not; a vocabulary of one token has only K extensions.
+    cands = min(2 * k, k * vocab)
+    max_penalty = length_penalty(jnp.asarray(max_new_tokens), alpha)
     # Every beam starts as a copy of the prompt; only beam 0 is live at first, so the first
     # step's K hypotheses are K different tokens.
     state = stepper.reorder(state, jnp.repeat(jnp.arange(batch), k))
     logits_RV = jnp.repeat(logits_BV, k, axis=0)  # R = B * K rows
-    logprob_BK = jnp.full((batch, k), MASKED_LOGIT, jnp.float32).at[:, 0].set(0.0)
-    finished_BK = jnp.zeros((batch, k), jnp.bool_)
-    length_BK = jnp.zeros((batch, k), jnp.int32)
-    seqs_BKN = jnp.full((batch, k, max_new_tokens), pad_id, jnp.int32)
-    is_pad_V = jnp.arange(vocab) == pad_id
+    live_lp_BK = jnp.full((batch, k), MASKED_LOGIT, jnp.float32).at[:, 0].set(0.0)
+    live_BKN = jnp.full((batch, k, max_new_tokens), pad_id, jnp.int32)
+    fin_score_BK = jnp.full((batch, k), MASKED_LOGIT, jnp.float32)  # empty slots
+    fin_BKN = live_BKN
 
-    def expand(i, logits_RV, logprob_BK, finished_BK, length_BK, seqs_BKN):
-        """Step i: the K best one-token extensions of the K hypotheses of each sequence."""
-        tokens_RN = seqs_BKN.reshape(batch * k, max_new_tokens)
+    def expand(i, logits_RV, live_lp_BK, live_BKN, fin_score_BK, fin_BKN):
+        """Step i: the K best live and finished hypotheses after one more token."""
+        tokens_RN = live_BKN.reshape(batch * k, max_new_tokens)
         logits_RV = _apply_hook(logits_hook, logits_RV, tokens_RN, i)
         logp_BKV = jax.nn.log_softmax(mask_token(logits_RV, pad_id)).reshape(batch, k, vocab)
-        live_BKV = logprob_BK[..., None] + logp_BKV
-        # A finished hypothesis has one candidate: itself, extended by padding.
-        stay_BKV = jnp.where(is_pad_V, logprob_BK[..., None], MASKED_LOGIT)
-        cand_BKV = jnp.where(finished_BK[..., None], stay_BKV, live_BKV)
-        cand_len_BK = jnp.where(finished_BK, length_BK, i + 1)
-        score_BKV = cand_BKV / length_penalty(cand_len_BK, alpha)[..., None]
-        _, flat_BK = jax.lax.top_k(score_BKV.reshape(batch, k * vocab), k)
-        origin_BK, token_BK = flat_BK // vocab, (flat_BK % vocab).astype(jnp.int32)
-        logprob_BK = jnp.take_along_axis(cand_BKV.reshape(batch, k * vocab), flat_BK, axis=1)
-        was_finished_BK = jnp.take_along_axis(finished_BK, origin_BK, axis=1)
-        length_BK = jnp.take_along_axis(cand_len_BK, origin_BK, axis=1)
-        finished_BK = was_finished_BK | _is_eos(token_BK, eos_id)
+        cand_BKV = live_lp_BK[..., None] + logp_BKV
+        lp_BC, flat_BC = jax.lax.top_k(cand_BKV.reshape(batch, k * vocab), cands)
+        origin_BC, token_BC = flat_BC // vocab, (flat_BC % vocab).astype(jnp.int32)
+        ends_BC = _is_eos(token_BC, eos_id) | (i + 1 >= max_new_tokens)
+        real_BC = lp_BC > _DROPPED
+        # The finished set: its K best of itself and this step's ending extensions among
+        # the K best.
+        joins_BC = ends_BC & real_BC & (jnp.arange(cands) < k)
+        score_BC = jnp.where(
+            joins_BC, lp_BC / length_penalty(jnp.asarray(i + 1), alpha), MASKED_LOGIT
+        )
+        ended_BCN = jnp.take_along_axis(live_BKN, origin_BC[..., None], axis=1)
+        ended_BCN = ended_BCN.at[:, :, i].set(token_BC)
+        # Kept first, so a tie keeps the older finished hypothesis.
+        fin_score_BK, pick_BK = jax.lax.top_k(
+            jnp.concatenate([fin_score_BK, score_BC[:, :k]], axis=1), k
+        )
+        fin_BKN = _take(jnp.concatenate([fin_BKN, ended_BCN[:, :k]], axis=1), pick_BK[..., None])
+        # The live set: the K best extensions that do not end.
+        _, pick_BK = jax.lax.top_k(jnp.where(ends_BC, -jnp.inf, lp_BC), k)
+        origin_BK, token_BK = _take(origin_BC, pick_BK), _take(token_BC, pick_BK)
+        live_lp_BK = _take(lp_BC, pick_BK)
         # Put each hypothesis's first child in its parent's row, so that the cache moves
         # only the rows of hypotheses that left no child (`Stepper.move`).
         hyp_BK = _children_in_parent_rows(origin_BK)
         origin_BK, token_BK = _take(origin_BK, hyp_BK), _take(token_BK, hyp_BK)
-        logprob_BK, length_BK = _take(logprob_BK, hyp_BK), _take(length_BK, hyp_BK)
-        finished_BK = _take(finished_BK, hyp_BK)
-        seqs_BKN = jnp.take_along_axis(seqs_BKN, origin_BK[..., None], axis=1)
-        seqs_BKN = seqs_BKN.at[:, :, i].set(token_BK)
+        live_lp_BK = _take(live_lp_BK, hyp_BK)
+        live_BKN = _take(live_BKN, origin_BK[..., None]).at[:, :, i].set(token_BK)
         rows_R = (jnp.arange(batch)[:, None] * k + origin_BK).reshape(-1)
-        return logprob_BK, finished_BK, length_BK, seqs_BKN, rows_R, token_BK.reshape(-1)
+        # A sequence is done when its best live hypothesis, at its best reachable score,
+        # cannot beat its worst finished one (an empty slot: MASKED_LOGIT).
+        best_B = jnp.max(live_lp_BK, axis=1)
+        open_B = (best_B > _DROPPED) & (best_B / max_penalty > jnp.min(fin_score_BK, axis=1))
+        beams = live_lp_BK, live_BKN, fin_score_BK, fin_BKN
+        return *beams, jnp.any(open_B), rows_R, token_BK.reshape(-1)
 
     def cond(carry):
-        i, finished_BK = carry[0], carry[2]
-        return (i < max_new_tokens) & ~jnp.all(finished_BK)
+        i, open_ = carry[0], carry[5]
+        return (i < max_new_tokens) & open_
 
     def body(carry):
-        i, logprob_BK, finished_BK, length_BK, seqs_BKN, rows_R, tokens_R, state = carry
+        i, *beams, _, rows_R, tokens_R, state = carry
         logits_RV, state = stepper.step(stepper.move(state, rows_R), tokens_R)
-        beams = expand(i, logits_RV, logprob_BK, finished_BK, length_BK, seqs_BKN)
-        return (i + 1, *beams, state)
+        return (i + 1, *expand(i, logits_RV, *beams), state)
 
-    beams = expand(0, logits_RV, logprob_BK, finished_BK, length_BK, seqs_BKN)
-    carry = jax.lax.while_loop(cond, body, (1, *beams, state))
-    _, logprob_BK, _, length_BK, seqs_BKN = carry[:5]
-    best_B = jnp.argmax(logprob_BK / length_penalty(length_BK, alpha), axis=1)
-    return jnp.take_along_axis(seqs_BKN, best_B[:, None, None], axis=1)[:, 0]
+    first = expand(0, logits_RV, live_lp_BK, live_BKN, fin_score_BK, fin_BKN)
+    carry = jax.lax.while_loop(cond, body, (1, *first, state))
+    fin_score_BK, fin_BKN = carry[3], carry[4]
+    best_B = jnp.argmax(fin_score_BK, axis=1)
+    return _take(fin_BKN, best_B[:, None, None])[:, 0]

@@ -133,14 +133,16 @@ def _top_p_is_off(top_p: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Beam:
-    """Beam search: the `size` best hypotheses per sequence, ranked by log-probability
-    divided by GNMT's length penalty `((5 + n) / 6) ** length_penalty` (Wu et al. 2016),
-    n the tokens generated, EOS included.
+    """Beam search: K = `size` live hypotheses per sequence and, apart, the K best finished
+    ones, scored by log-probability divided by GNMT's length penalty
+    `((5 + n) / 6) ** length_penalty` (Wu et al. 2016), n the tokens generated, EOS
+    included. A finished hypothesis is never pushed out by a live one; the search stops
+    when no live hypothesis can still beat the worst finished one (`search.beam_search`).
 
     Attributes:
-      size: K, the hypotheses kept, an int >= 1. `Beam(1)` gives the tokens of `Greedy()`
-        (one hypothesis is greedy decoding) through the beam loop; `Greedy()` is cheaper and
-        can return the logits.
+      size: K, an int >= 1. `Beam(1, 0.0)` gives the tokens of `Greedy()` through the beam
+        loop; with a length penalty > 0 it may go on past greedy's EOS to a longer
+        hypothesis that scores better. `Greedy()` is cheaper and can return the logits.
       length_penalty: alpha, finite, >= 0 (0: raw log-probability; larger favours longer
         outputs). Generation also refuses an alpha whose penalty would overflow float32
         within its `max_new_tokens`.
