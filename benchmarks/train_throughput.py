@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import time
 
 import jax
@@ -52,7 +53,8 @@ def build_step(
         num_layers=layers or size.layers,
         max_len=max(size.src_len, size.tgt_len),
         dropout_rate=dropout,
-        attention_dropout_rate=dropout,
+        # cuDNN's kernel has no dropout on the weights (jax_nn would fall back to ours).
+        attention_dropout_rate=0.0 if attention in ("cudnn", "jax_nn") else dropout,
         dtype=dtype,
         attention_impl=attention,
         scan_layers=scan_layers,
@@ -105,12 +107,14 @@ def measure(size: Size, steps: int, dtype: str, attention: str, peak: float) -> 
         loss.block_until_ready()
 
     t = median(time_steps(run, steps))
+    stats = jax.devices()[0].memory_stats() or {}
     return {
         "size": size.name,
         "step_ms": 1e3 * t,
         "tokens_per_s": size.tokens_per_step / t,
         "compile_s": compile_s,
         "mem_mb": mem_mb,
+        "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
         "xla_frac": flops / t / peak,
         "mfu": model_flops_per_step(size) / t / peak,
     }
@@ -128,7 +132,8 @@ def main(argv=None) -> None:
     parser.add_argument("--sizes", default="encdec,dec_small,dec_base")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--attention", default="xla", choices=["xla", "jax_nn"])
+    parser.add_argument("--attention", default="xla", choices=["xla", "jax_nn", "cudnn"])
+    parser.add_argument("--json", default="", help="also write the results to this JSON file")
     parser.add_argument("--batch", type=int, default=0, help="override every size's batch")
     parser.add_argument(
         "--peak-tflops",
@@ -156,16 +161,21 @@ def main(argv=None) -> None:
         f"{'size':<10} {'step ms':>9} {'tokens/s':>10} {'compile s':>10} {'XLA MB':>8} "
         f"{'MFU':>7} {'XLA/peak':>9}"
     )
+    results = []
     for name in names:
         size = SIZES[name]
         if args.batch:
             size = dataclasses.replace(size, batch=args.batch)
         r = measure(size, args.steps, args.dtype, args.attention, peak)
+        results.append(r)
         print(
             f"{r['size']:<10} {r['step_ms']:9.1f} {r['tokens_per_s']:10.0f} "
             f"{r['compile_s']:10.2f} {r['mem_mb']:8.0f} {r['mfu']:7.1%} {r['xla_frac']:9.1%}",
             flush=True,
         )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as file:
+            json.dump(results, file, indent=2)
     if args.depth_sweep:
         print("\n# compile time (s) of the dec_small train step against depth")
         print(f"{'layers':>6} {'unrolled':>9} {'nn.scan':>8}")

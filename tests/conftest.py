@@ -7,9 +7,15 @@ import tempfile
 
 # The tests run on the CPU. Where libtpu is installed (requirements-tpu.txt, for
 # train.compile) and no TPU is attached, jax would still start its TPU plugin in every
-# process the tests start, and libtpu prints five lines of warnings each time; set before
-# jax is imported, here and in the tests' subprocesses.
-if importlib.util.find_spec("libtpu") is not None:
+# process the tests start, and libtpu prints five lines of warnings each time; where jax's
+# CUDA plugin is installed (requirements-gpu.txt, for train.compile's GPU topologies) and no
+# NVIDIA driver is loaded, jax would start it and log a traceback ('Unable to load CUDA').
+# Set before jax is imported, here and in the tests' subprocesses. (A machine with an
+# NVIDIA driver keeps the GPU for the tests that need one.)
+_NVIDIA_DRIVER = os.path.exists("/proc/driver/nvidia/version")
+if importlib.util.find_spec("libtpu") is not None or (
+    importlib.util.find_spec("jax_cuda12_plugin") is not None and not _NVIDIA_DRIVER
+):
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Compile time, not compute, is where a test of a tiny model spends its time: an eager

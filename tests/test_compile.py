@@ -1,7 +1,9 @@
-"""train.compile: the program's train and eval steps compiled for a TPU topology on this CPU.
+"""train.compile: the program's train and eval steps compiled for a TPU topology or NVIDIA GPUs
+on this CPU.
 
-The compiling tests need libtpu (requirements-tpu.txt) and skip without it; the error tests
-run everywhere (libtpu is hidden from them where it is installed).
+The compiling tests need libtpu (requirements-tpu.txt) or jax's CUDA plugin
+(requirements-gpu.txt) and skip without them; the error tests run everywhere (libtpu or the
+plugin is hidden from them where it is installed).
 """
 
 import importlib.util
@@ -42,6 +44,7 @@ JSON_KEYS = {
     "mfu_ceiling",
     "collectives",
     "compile_s",
+    "not_checked",
 }
 # A decoder of 2 unrolled layers (XLA's cost analysis then counts every layer), on a
 # (data 2, fsdp 2) mesh of a v5e:2x2 slice.
@@ -97,6 +100,7 @@ def test_json_has_the_figures_of_the_compiled_train_step(tiny_v5e):
     assert 0 < sizes["total"] <= sum(v for k, v in sizes.items() if k != "total")
     assert sizes["total"] < report["hbm_bytes"] == 16 * 2**30
     assert report["bytes_accessed"] > 0 and report["compile_s"] > 0
+    assert report["not_checked"] == []  # libtpu compiles what a TPU runs
     assert report["step_time_lower_bound_s"] > 0 and 0 < report["mfu_ceiling"] <= 1
 
 
@@ -286,3 +290,129 @@ def test_the_splash_kernel_compiles_into_the_train_step(tmp_path, mesh):
     text = hlo.read_text()
     # The forward kernel and the two backward kernels (dq, dkv) of each layer.
     assert text.count("tpu_custom_call") >= 3, text.count("tpu_custom_call")
+
+
+# --- NVIDIA GPUs, compiled without a GPU by jax's CUDA plugin (requirements-gpu.txt) ---
+
+
+def _cuda_plugin() -> bool:
+    return (
+        importlib.util.find_spec("jax_cuda12_plugin") is not None
+        and importlib.util.find_spec("jax_plugins") is not None
+        and importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+    )
+
+
+needs_cuda_plugin = pytest.mark.skipif(
+    not _cuda_plugin(),
+    reason="needs jax's CUDA plugin (XLA's GPU compiler): pip install -r requirements-gpu.txt",
+)
+# TINY in bf16 with cuDNN attention, on a data-parallel pair of H100s.
+TINY_GPU = (
+    *(flag for flag in TINY if not flag.startswith("--config.mesh_shape=")),
+    "--config.mesh_shape=(2,1,1)",
+    "--config.model.dtype=bfloat16",
+    "--config.model.attention_impl=cudnn",
+    "--topology=h100:1x2",
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_h100(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compile") / "tiny_h100.json"
+    hlo = out.with_suffix(".hlo")
+    result = _compile(*TINY_GPU, f"--json={out}", f"--hlo={hlo}")
+    assert result.returncode == 0, result.stderr
+    assert not [line for line in result.stderr.splitlines() if "cudart_stub" in line]
+    return json.loads(out.read_text()), result.stdout, hlo.read_text()
+
+
+@pytest.mark.slow  # compiles a train step for two GPUs (about a minute on 2 cores)
+@needs_cuda_plugin
+def test_gpu_report_has_the_tpu_report_keys(tiny_h100):
+    report, stdout, hlo = tiny_h100
+    assert set(report) == JSON_KEYS
+    assert report["topology"] == "h100:1x2" and report["chip"] == "NVIDIA H100 80GB HBM3"
+    assert report["num_chips"] == 2 and report["mesh"] == {"data": 2, "fsdp": 1, "tensor": 1}
+    assert report["fits"] is True and report["hbm_bytes"] == compile_costs.GPUS["h100"].hbm_bytes
+    assert 0 < report["bytes_per_chip"]["total"] < report["hbm_bytes"]
+    # XLA has no cost analysis for GPU executables: the bound comes from the traced step.
+    assert report["xla_flops"] is None and report["bytes_accessed"] is None
+    assert report["step_time_lower_bound_s"] > 0 and 0 < report["mfu_ceiling"] <= 1
+    assert report["collectives"]["all-reduce"]["count"] >= 1  # gradients over data
+    assert "__cudnn$fmha" in hlo  # the cuDNN attention kernels are in the program
+    assert any("cuDNN" in what for what in report["not_checked"])
+    assert any("autotuning" in what for what in report["not_checked"])
+    assert "https://www.nvidia.com/en-us/data-center/h100/" in stdout and "NVLink" in stdout
+
+
+@needs_cuda_plugin
+def test_cudnn_attention_flops_are_counted_from_its_shapes():
+    """Tracing only: cuDNN's kernels hide their matrix products from `dot_general`; they are
+    counted from the kernels' shapes (q k^T and weights v forward, five products backward,
+    causal masks halved), so the traced count is the formula's less the difference."""
+    from train import compile_lib
+
+    config = lm_kjv_llama.get_config()
+    config.model.update(d_model=64, d_ff=128, num_layers=2)
+    config.model.update(attention_impl="cudnn", dtype="bfloat16")
+    config.update(max_len=64, batch_size=8)
+    experiment = config_lib.validate_config(config)
+    devices = compile_lib.topology_devices("h100:1x1", compile_costs.GPUS["h100"])
+    mesh = train_lib.make_mesh((1, 1, 1), devices)
+    task = tasks.get_task(experiment.data.task)
+    program = train_lib.build_program(experiment, task, mesh, 4000, unk_id=3)
+    batch = abstract_batch(experiment.data, task, mesh, evaluation=False)
+    with compile_lib._cudnn_version_assumed():
+        traced = program.train_step.trace(program.state_shapes, batch)
+    formula = compile_costs.model_flops(program.model, [(8, 64)])
+    # Per layer and B*N*T*S*H (8 rows, 4 heads, 64 x 64, width 16): the formula's 2 * 6, the
+    # kernels' 2 * 7 halved by the causal mask.
+    per_layer = 8 * 4 * 64 * 64 * 16
+    assert compile_costs.traced_matmul_flops(traced.jaxpr) == formula - 2 * (12 - 7) * per_layer
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [("h100:1x8", "1x1x8"), ("h100:2x8", "1x2x8"), ("a100:1x1", "1x1x1")]
+)
+def test_gpu_topology_names_hosts_and_gpus(name, expected):
+    assert compile_costs.gpu_topology(name) == expected
+    assert compile_costs.chip_of(name).is_gpu
+
+
+@pytest.mark.parametrize("key", sorted(compile_costs.GPUS))
+def test_gpu_memory_is_that_of_the_target_config(key):
+    chip = compile_costs.GPUS[key]
+    text = (REPO / "train" / "gpu_specs" / chip.target_config).read_text()
+    assert f"device_memory_size: {int(chip.hbm_bytes)}\n" in text
+    assert f'device_description_str: "{chip.device_kind}"' in text
+
+
+@pytest.mark.parametrize("topology", ["h100:8", "h100:0x8", "h300:1x8"])
+def test_unknown_gpu_topology_is_one_line_with_examples(topology):
+    result = _compile(f"--topology={topology}")
+    assert result.returncode == 2
+    assert "h100:1x8" in _error_line(result)
+
+
+def test_gpu_topologies_refuse_another_jax_platform():
+    result = subprocess.run(
+        [sys.executable, "-m", "train.compile", "--topology=h100:1x8"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "JAX_PLATFORMS": "cuda"},
+        timeout=600,
+    )
+    assert result.returncode == 2
+    assert "JAX_PLATFORMS=cuda" in _error_line(result) and "JAX_PLATFORMS=cpu" in result.stderr
+
+
+def test_without_the_cuda_plugin_one_line_says_what_to_install(tmp_path):
+    hidden = tmp_path / "jax_cuda12_plugin"  # shadows an installed plugin
+    hidden.mkdir()
+    (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    result = _compile("--topology=h100:1x8", pythonpath=f"{tmp_path}:{REPO}")
+    assert result.returncode == 2
+    line = _error_line(result)
+    assert "CUDA plugin" in line and line.endswith("; pip install -r requirements-gpu.txt")

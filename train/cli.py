@@ -14,11 +14,13 @@ SIGTERM ended): nothing to fix, rerun the same command to resume.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pathlib
 import re
 import sys
+import tempfile
 import traceback
 import warnings
 
@@ -103,6 +105,25 @@ def quiet_library_logs() -> None:
     sys.unraisablehook = _unraisable_to_debug_log
     # The same writers' coroutines, dropped unawaited when the loop closed.
     warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+
+
+@contextlib.contextmanager
+def native_stderr_captured():
+    """Keeps what native code writes to stderr inside the block off it: libtpu's start-up
+    warnings (a CPU host has no TPU metadata to read), the CUDA plugin's (no GPU driver) when
+    jax is imported. Everything is shown under --verbosity=1."""
+    if verbose():
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def die(message: str, status: int = USAGE_ERROR) -> None:

@@ -1,7 +1,7 @@
-"""What a compiled step costs: TPU chip figures, the collectives in XLA's HLO text, and the
-model's own FLOP count.
+"""What a compiled step costs: TPU chip and NVIDIA GPU figures, the collectives in XLA's HLO
+text, and the model's own FLOP count.
 
-Used by `train.compile`; nothing here needs a TPU or libtpu.
+Used by `train.compile`; nothing here needs an accelerator, libtpu or the CUDA plugin.
 """
 
 from __future__ import annotations
@@ -17,19 +17,21 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One TPU generation as Google publishes it (per chip).
+    """One TPU generation as Google publishes it, or one NVIDIA GPU as NVIDIA does (per chip).
 
     Attributes:
-        name: the generation ('TPU v5e').
-        device_kind: what libtpu's devices of a topology of it report.
+        name: the generation ('TPU v5e', 'H100 SXM').
+        device_kind: what the compile-only devices of a topology of it report.
         peak_flops: peak bf16 FLOP/s.
         hbm_bytes: HBM capacity in bytes.
         hbm_bandwidth: HBM bytes per second.
-        ici_bandwidth: bidirectional inter-chip interconnect bytes per second, or None where
-            the source gives no per-chip figure.
+        ici_bandwidth: bidirectional inter-chip interconnect bytes per second (a TPU's ICI, a
+            GPU's NVLink within a host), or None where the source gives no per-chip figure.
         source: the page the figures come from.
         chip_config: libtpu's chip configuration giving one JAX device per chip, as on a
             TPU VM ('megacore' joins the two TensorCores of v4 and v5p chips).
+        target_config: GPUs only: the file under train/gpu_specs/ holding the XLA
+            GpuTargetConfigProto that the CUDA plugin compiles for without a GPU.
     """
 
     name: str
@@ -40,6 +42,16 @@ class Chip:
     ici_bandwidth: float | None
     source: str
     chip_config: str = "default"
+    target_config: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return bool(self.target_config)
+
+    @property
+    def link(self) -> str:
+        """The name of the interconnect `ici_bandwidth` measures."""
+        return "NVLink" if self.is_gpu else "ICI"
 
 
 # The figures of Google's Cloud TPU pages ("System architecture" tables), read 2026-12-01.
@@ -70,23 +82,68 @@ CHIPS: dict[str, Chip] = {
     ),
 }  # fmt: skip
 
-TOPOLOGY_EXAMPLES = "v5e:2x2, v5e:2x4, v5e:16x16, v6e:8x8, v4:2x2x2, v5p:4x4x4"
+# NVIDIA's product pages (datasheets), read 2026-12-03, SXM parts (the 8-GPU HGX boards).
+# NVIDIA gives bf16 Tensor Core FLOP/s "with sparsity"; the dense peak used here is half of
+# it. NVLink figures are bidirectional per GPU (as the TPU pages' ICI figures). Memory is
+# the `device_memory_size` of the target config XLA compiles for (train/gpu_specs/: what the
+# CUDA driver reports, a little under the datasheet's "80 GB"; the H200's file has the
+# datasheet's 141 GB, as no H200 was at hand to read it from).
+GPUS: dict[str, Chip] = {
+    # 1,979 TFLOP/s bf16 with sparsity (989.5 dense), 80 GB HBM3 at 3.35 TB/s, NVLink 900 GB/s.
+    "h100": Chip(
+        "H100 SXM", "NVIDIA H100 80GB HBM3", 989.5e12, 84978434048, 3.35e12, 900e9,
+        "https://www.nvidia.com/en-us/data-center/h100/", target_config="h100_sxm.txtpb",
+    ),
+    # 1,979 TFLOP/s bf16 with sparsity (989.5 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+    "h200": Chip(
+        "H200 SXM", "NVIDIA H200", 989.5e12, 141e9, 4.8e12, 900e9,
+        "https://www.nvidia.com/en-us/data-center/h200/", target_config="h200_sxm.txtpb",
+    ),
+    # 624 TFLOP/s bf16 with sparsity (312 dense), 80 GB HBM2e at 2,039 GB/s, NVLink 600 GB/s.
+    "a100": Chip(
+        "A100 SXM", "NVIDIA A100-SXM4-80GB", 312e12, 85100068864, 2.039e12, 600e9,
+        "https://www.nvidia.com/en-us/data-center/a100/", target_config="a100_sxm_80.txtpb",
+    ),
+}  # fmt: skip
+
+TOPOLOGY_EXAMPLES = (
+    "v5e:2x2, v5e:2x4, v5e:16x16, v6e:8x8, v4:2x2x2, v5p:4x4x4; GPUs <kind>:<hosts>x<GPUs per "
+    "host>: h100:1x1, h100:1x8, h100:2x8, h200:1x8, a100:1x8"
+)
 _TOPOLOGY = re.compile(r"^(v4|v5e|v5p|v6e):(\d+x\d+(?:x\d+)?)$")
+_GPU_TOPOLOGY = re.compile(r"^(" + "|".join(GPUS) + r"):([1-9]\d*)x([1-9]\d*)$")
 
 
 def chip_of(topology: str) -> Chip:
-    """The chip of a topology name such as 'v5e:16x16'.
+    """The chip of a topology name such as 'v5e:16x16' or 'h100:1x8'.
 
     Raises:
-        ValueError: not a generation:shape name of a chip in `CHIPS`.
+        ValueError: not a generation:shape name of a chip in `CHIPS` or `GPUS`.
     """
     found = _TOPOLOGY.match(topology)
+    if found:
+        return CHIPS[found.group(1)]
+    found = _GPU_TOPOLOGY.match(topology)
+    if found:
+        return GPUS[found.group(1)]
+    raise ValueError(
+        f"--topology={topology}: not a TPU or GPU topology this program knows ; use "
+        f"<generation>:<chips per dimension>, e.g. {TOPOLOGY_EXAMPLES}"
+    )
+
+
+def gpu_topology(topology: str) -> str:
+    """The CUDA plugin's name of a GPU topology: 'h100:2x8' (2 hosts of 8 GPUs) is '1x2x8'
+    (slices x hosts x GPUs per host, as `jax.experimental.topologies` reads it).
+
+    Raises:
+        ValueError: not a GPU topology name (`chip_of`).
+    """
+    found = _GPU_TOPOLOGY.match(topology)
     if not found:
-        raise ValueError(
-            f"--topology={topology}: not a TPU topology this program knows ; use "
-            f"<generation>:<chips per dimension>, e.g. {TOPOLOGY_EXAMPLES}"
-        )
-    return CHIPS[found.group(1)]
+        chip_of(topology)  # raises for an unknown name
+        raise ValueError(f"--topology={topology}: not a GPU topology")
+    return f"1x{found.group(2)}x{found.group(3)}"
 
 
 COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -277,17 +334,52 @@ def _sub_jaxprs(value) -> list:
     return [getattr(v, "jaxpr", v) for v in values if hasattr(v, "eqns") or hasattr(v, "jaxpr")]
 
 
+# jax's cuDNN attention primitives (jax._src.cudnn.fused_attention_stablehlo): the matrix
+# products of each, in units of B*N*T*S*H multiply-adds. Forward: q k^T and weights v (2).
+# Backward (flash attention keeps no weights): q k^T again, then dV, dP, dQ, dK (5).
+_CUDNN_ATTENTION = {
+    "dot_product_attention_fwd": 2,
+    "dot_product_attention_fwd_wrapper": 2,
+    "dot_product_attention_bwd": 5,
+    "dot_product_attention_bwd_wrapper": 5,
+}
+_CUDNN_CAUSAL_MASKS = (2, 3)  # MaskType.CAUSAL, MaskType.PADDING_CAUSAL
+_CUDNN_BNTH = 1  # AttentionLayout.BNTH (else BTNH)
+
+
+def cudnn_attention_flops(eqn) -> int:
+    """FLOPs of one cuDNN attention equation (forward or backward) from its shapes: 2 per
+    multiply-add of its matrix products (`_CUDNN_ATTENTION`); a causal mask halves them, as
+    cuDNN skips the tiles above the diagonal (so the count stays a lower bound)."""
+    query, value = eqn.invars[0].aval.shape, eqn.invars[2].aval.shape
+    if eqn.params.get("layout") == _CUDNN_BNTH:
+        batch, heads, q_len, head_dim = query
+        kv_len = value[2]
+    else:
+        batch, q_len, heads, head_dim = query
+        kv_len = value[1]
+    products = _CUDNN_ATTENTION[eqn.primitive.name] * batch * heads * q_len * kv_len * head_dim
+    mask = getattr(eqn.params.get("mask_type"), "value", eqn.params.get("mask_type"))
+    if mask in _CUDNN_CAUSAL_MASKS:
+        products //= 2
+    return 2 * products
+
+
 def traced_matmul_flops(jaxpr) -> int:
-    """FLOPs of the matrix products (`dot_general`) a traced program executes, over the whole
-    (unsharded) arrays: 2 per multiply-add, a `scan` body times its length, the forward
-    that `remat` recomputes included; a `while` body (unknown trips) counted once and the
-    cheapest branch of a `cond`, so that the figure stays a lower bound.
+    """FLOPs of the matrix products (`dot_general`, and those inside cuDNN attention) a traced
+    program executes, over the whole (unsharded) arrays: 2 per multiply-add, a `scan` body
+    times its length, the forward that `remat` recomputes included; a `while` body (unknown
+    trips) counted once and the cheapest branch of a `cond`, so that the figure stays a
+    lower bound.
 
     Args:
         jaxpr: a traced function's jaxpr (`jax.jit(f).trace(*args).jaxpr`).
     """
     total = 0
     for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if eqn.primitive.name in _CUDNN_ATTENTION:
+            total += cudnn_attention_flops(eqn)
+            continue
         if eqn.primitive.name == "dot_general":
             (contracting, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape

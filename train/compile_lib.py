@@ -1,8 +1,10 @@
-"""Ahead-of-time compilation of the training program for a TPU topology, on any host:
-`compile_for_topology(config, 'v5e:16x16')` (what `python -m train.compile` prints).
+"""Ahead-of-time compilation of the training program for a TPU or NVIDIA GPU topology, on any
+host: `compile_for_topology(config, 'v5e:16x16')`, `compile_for_topology(config, 'h100:1x8')`
+(what `python -m train.compile` prints).
 
 The train and eval steps are those `train.main` runs (`train_lib.build_program`), compiled
-by XLA for the topology's chips (libtpu's compile-only devices) from abstract inputs: the
+by XLA for the topology's chips (libtpu's compile-only devices, or the CUDA plugin's
+deviceless ones for a GPU target config of train/gpu_specs/) from abstract inputs: the
 train state's shapes and placement by `config.mesh_shape` and the logical axis rules, and a
 batch of the config's shape, built by the task's own batcher from one synthetic example of
 `max_len` tokens (the longest bucket). No data is read and no parameter is initialised.
@@ -12,9 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
+import pathlib
 import sys
-import tempfile
 import threading
 import time
 
@@ -23,28 +24,10 @@ from jax.experimental import topologies
 
 from flax_transformer import sharding as sharding_lib
 from train import compile_costs, config_lib, tasks, train_lib
-from train.cli import verbose
+from train.cli import native_stderr_captured
 from train.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
 from train.packing import get_packer
 from train.tokenizer import UNK_ID
-
-
-@contextlib.contextmanager
-def _native_stderr_captured():
-    """Keeps libtpu's start-up warnings off stderr (a CPU host has no TPU metadata to read);
-    everything is shown under --verbosity=1."""
-    if verbose():
-        yield
-        return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 @contextlib.contextmanager
@@ -72,21 +55,66 @@ def stage(what: str):
         print(f"{chr(13) if tty else ''}{what}: {elapsed:.1f} s", file=sys.stderr, flush=True)
 
 
+# The XLA GPU target configs (GpuTargetConfigProto text) of `compile_costs.GPUS`.
+GPU_SPECS = pathlib.Path(__file__).resolve().parent / "gpu_specs"
+
+# jax asks the cuDNN library for its version when it lowers cuDNN attention, only to refuse
+# features an older cuDNN lacks. Compiling without a GPU needs no cuDNN library, so where
+# none is installed the oldest version jax 0.10's CUDA plugin accepts is assumed (its wheel
+# requires nvidia-cudnn-cu12>=9.8; jax encodes 9.8.0 as 90800).
+ASSUMED_CUDNN_VERSION = 90800
+
+
+@contextlib.contextmanager
+def _cudnn_version_assumed():
+    """jax's cuDNN version check answers `ASSUMED_CUDNN_VERSION` inside the block when no
+    cuDNN library can be loaded (jax's private `check_cudnn_version`; a jax without it is
+    left alone)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as cudnn_attention
+
+        cudnn_attention.check_cudnn_version()
+        found = True
+    except (ImportError, AttributeError):
+        found = True  # another jax: nothing to patch
+    except RuntimeError:  # 'cuDNN not found.'
+        found = False
+    if found:
+        yield
+        return
+    saved = cudnn_attention.check_cudnn_version
+    cudnn_attention.check_cudnn_version = lambda: ASSUMED_CUDNN_VERSION
+    try:
+        yield
+    finally:
+        cudnn_attention.check_cudnn_version = saved
+
+
 def topology_devices(topology: str, chip: Chip) -> list:
-    """The compile-only devices of a topology, one per chip.
+    """The compile-only devices of a topology, one per chip: libtpu's for a TPU slice, the
+    CUDA plugin's deviceless ones (the GPU of `chip.target_config`) for GPU hosts.
 
     Raises:
-        ValueError: libtpu rejects the shape (e.g. v5e:3x3), naming its reason.
+        ValueError: libtpu or the CUDA plugin rejects the shape (e.g. v5e:3x3), naming its
+            reason.
     """
+    compiler = "the CUDA plugin" if chip.is_gpu else "libtpu"
     try:
-        with _native_stderr_captured():
-            found = topologies.get_topology_desc(
-                platform="tpu", topology_name=topology, chip_config_name=chip.chip_config
-            )
+        with native_stderr_captured():
+            if chip.is_gpu:
+                found = topologies.get_topology_desc(
+                    platform="cuda",
+                    target_config=(GPU_SPECS / chip.target_config).read_text(),
+                    topology=compile_costs.gpu_topology(topology),
+                )
+            else:
+                found = topologies.get_topology_desc(
+                    platform="tpu", topology_name=topology, chip_config_name=chip.chip_config
+                )
     except Exception as err:  # jax raises its runtime error type for a bad shape
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(
-            f"--topology={topology}: libtpu cannot build it ({reason}) ; "
+            f"--topology={topology}: {compiler} cannot build it ({reason}) ; "
             f"use a shape the generation has, e.g. {TOPOLOGY_EXAMPLES}"
         ) from None
     return list(found.devices)
@@ -125,11 +153,12 @@ class StepCost:
         bytes: arguments, outputs, temp, code and total (arguments + outputs - donated
             buffers counted twice + temp + code).
         flops: FLOPs of one execution as XLA's cost analysis counts them (a while loop's body,
-            e.g. the layers of `scan_layers=True`, counted once).
+            e.g. the layers of `scan_layers=True`, counted once); None where XLA has no cost
+            analysis for the backend (GPU executables: UNIMPLEMENTED in jax 0.10).
         traced_flops: FLOPs of the matrix products of the traced step over all chips, every
             loop iteration and `remat` recomputation included
             (`compile_costs.traced_matmul_flops`).
-        bytes_accessed: HBM bytes read and written, counted as the FLOPs are.
+        bytes_accessed: HBM bytes read and written, counted as the FLOPs are (None as they).
         collectives: {kind: {count, bytes}} (`compile_costs.collectives`).
         collectives_exact: False when a loop's trip count could not be read.
         loops: whether the program has while loops.
@@ -138,9 +167,9 @@ class StepCost:
     """
 
     bytes: dict[str, int]
-    flops: float
+    flops: float | None
     traced_flops: int
-    bytes_accessed: float
+    bytes_accessed: float | None
     collectives: dict[str, dict[str, int]]
     collectives_exact: bool
     loops: bool
@@ -186,15 +215,18 @@ def _compile(jitted, *args) -> StepCost:
         "code": memory.generated_code_size_in_bytes,
     }
     sizes["total"] = sum(sizes.values()) - memory.alias_size_in_bytes
-    cost = compiled.cost_analysis()
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # jax's runtime error type: UNIMPLEMENTED for some backends
+        cost = None
     cost = cost[0] if isinstance(cost, list | tuple) else cost  # older jax: one per device
     hlo = compiled.as_text()
     found, exact = compile_costs.collectives(hlo)
     return StepCost(
         bytes=sizes,
-        flops=float(cost.get("flops", 0.0)),
+        flops=float(cost.get("flops", 0.0)) if cost else None,
         traced_flops=compile_costs.traced_matmul_flops(traced.jaxpr),
-        bytes_accessed=float(cost.get("bytes accessed", 0.0)),
+        bytes_accessed=float(cost.get("bytes accessed", 0.0)) if cost else None,
         collectives=found,
         collectives_exact=exact,
         loops=" while(" in hlo,
@@ -236,14 +268,42 @@ class TopologyReport:
         """The larger of XLA's count and the traced matrix products over the chips: each is
         at most what a chip executes (XLA counts a loop's body once; the trace counts only
         matrix products), so the step-time bound stays a lower bound."""
-        return max(self.train.flops, self.train.traced_flops / self.num_chips)
+        return max(self.train.flops or 0.0, self.train.traced_flops / self.num_chips)
 
     @property
     def step_time_lower_bound_s(self) -> float:
+        """max(FLOPs per chip / peak, HBM bytes accessed / bandwidth); without XLA's cost
+        analysis (GPUs) the FLOPs term alone."""
         return max(
             self.flops_per_chip / self.chip.peak_flops,
-            self.train.bytes_accessed / self.chip.hbm_bandwidth,
+            (self.train.bytes_accessed or 0.0) / self.chip.hbm_bandwidth,
         )
+
+    @property
+    def not_checked(self) -> list[str]:
+        """What compiling without the accelerator cannot check (GPUs; a TPU program compiled
+        by libtpu is the program a TPU runs)."""
+        if not self.chip.is_gpu:
+            return []
+        unchecked = [
+            "autotuning: without a GPU to time them XLA picks GEMM and fusion configurations "
+            "by its heuristics; a real GPU's autotuned choices may differ in speed and in "
+            "scratch memory",
+            "XLA's cost analysis (not implemented for GPU executables): FLOPs are the traced "
+            "step's matrix products, and the step-time bound has no HBM-bytes term",
+            "memory outside the program: the CUDA context, and jax's preallocation (75% of "
+            "the GPU unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise); fits compares "
+            "the step's bytes with the whole GPU",
+        ]
+        hlo = self.train.hlo if self.train else ""
+        if "__cudnn$" in hlo:
+            unchecked.insert(
+                0,
+                "cuDNN kernels (cuDNN flash attention): XLA builds cuDNN graphs only on a "
+                "real GPU, so whether cuDNN accepts these shapes is unchecked and its "
+                "workspace is not in the bytes",
+            )
+        return unchecked
 
     @property
     def mfu_ceiling(self) -> float:
@@ -263,13 +323,14 @@ class TopologyReport:
             "bytes_per_chip": train.bytes if train else None,
             "hbm_bytes": int(self.chip.hbm_bytes),
             "fits": self.fits,
-            "xla_flops": train.flops * self.num_chips if train else None,
+            "xla_flops": train.flops * self.num_chips if train and train.flops else None,
             "model_flops": self.model_flops,
             "bytes_accessed": train.bytes_accessed if train else None,
             "step_time_lower_bound_s": self.step_time_lower_bound_s if train else None,
             "mfu_ceiling": self.mfu_ceiling if train else None,
             "collectives": train.collectives if train else None,
             "compile_s": train.compile_s if train else None,
+            "not_checked": self.not_checked,
         }
 
 
@@ -278,7 +339,8 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
 
     Args:
         config: an experiment config (`configs/*.py`, overrides applied).
-        topology: a TPU topology name ('v5e:16x16').
+        topology: a TPU topology name ('v5e:16x16') or a GPU one ('h100:1x8': hosts x GPUs
+            per host).
 
     Raises:
         ValueError: a bad topology or config value, named as on the command line.
@@ -286,7 +348,8 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
     chip = chip_of(topology)
     experiment = config_lib.validate_config(config)
     data = experiment.data
-    with stage(f"loading libtpu and the {topology} topology"):
+    compiler = "the CUDA plugin" if chip.is_gpu else "libtpu"
+    with stage(f"loading {compiler} and the {topology} topology"):
         devices = topology_devices(topology, chip)
     mesh = train_lib.make_mesh(experiment.run.mesh_shape, devices)
     task = tasks.get_task(data.task)
@@ -296,9 +359,9 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
     train = evaluate = None
     refusal = ""
     try:
-        with stage(f"compiling the train step for {len(devices)} chips"):
+        with _cudnn_version_assumed(), stage(f"compiling the train step for {len(devices)} chips"):
             train = _compile(program.train_step, program.state_shapes, train_batch)
-        with stage("compiling the eval step"):
+        with _cudnn_version_assumed(), stage("compiling the eval step"):
             evaluate = _compile(program.eval_step, program.state_shapes.params, eval_batch)
     except OutOfMemory as err:
         refusal = f"XLA: {err} ({'eval' if train else 'train'} step)"

@@ -138,12 +138,22 @@ def _jax_nn(q_BTNH, k_BSKH, v_BSKH, mask, fn):
     return jnp.where(visible_BTN1, out_BTNH, jnp.zeros((), out_BTNH.dtype))
 
 
+def _target_platform() -> tuple[str, str]:
+    """(platform, device kind) of the devices the caller compiles for: those of the mesh in
+    scope (e.g. GPUs compiled for from a CPU host by train.compile), else jax's default."""
+    device = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+    if device is not None:
+        return device.platform, device.device_kind
+    return jax.default_backend(), jax.devices()[0].device_kind
+
+
 def _cudnn(q_BTNH, k_BSKH, v_BSKH, mask, fn):
-    if jax.default_backend() != "gpu":
+    platform, kind = _target_platform()
+    if platform != "gpu":
         raise ValueError(
             f"{fn}: attention_impl='cudnn' runs cuDNN flash attention, which needs a GPU; this "
-            f"process runs on {jax.default_backend()!r} ({jax.devices()[0].device_kind}). Use "
-            "attention_impl='xla' (or 'splash' on a TPU)."
+            f"step is compiled for {platform!r} ({kind}). Use attention_impl='xla' (or "
+            "'splash' on a TPU)."
         )
     batch, q_len, num_heads, _ = q_BTNH.shape
     kv_len = k_BSKH.shape[1]
