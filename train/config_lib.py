@@ -23,6 +23,7 @@ from flax_transformer import TransformerConfig
 from train.cli import DamagedFileError
 from train.rundir import RunDir, read_json
 from train.sections import (
+    CORPORA,
     PACKINGS,
     DataConfig,
     EvalConfig,
@@ -32,6 +33,7 @@ from train.sections import (
     ScheduleConfig,
     StepConfig,
     fail,
+    hf_field_paths,
 )
 from train.tasks import TASKS, owners
 from train.tokenizer import PAD_ID, model_vocab_size
@@ -77,8 +79,8 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
             "whole examples with attention kept within each. Set packing instead and "
             "delete packed",
         )
+    _check_task(config)
     data = DataConfig.from_config(config)
-    _check_task(data, config)
     model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
     optimizer = OptimizerConfig.from_config(config)
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
@@ -93,22 +95,28 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
     )
 
 
-def _check_task(data: DataConfig, config: ml_collections.ConfigDict) -> None:
-    """What the task of `data` accepts: its corpora, packings, Hugging Face fields, and the
-    fields that apply to another task only (which must stay 0)."""
-    if data.task not in TASKS:
-        raise fail("task", data.task, f"must be one of {tuple(TASKS)}")
-    task = TASKS[data.task]
-    if data.corpus not in task.corpora:
-        raise fail("corpus", data.corpus, f"task={task.name!r} reads one of {task.corpora}")
-    if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
+def _check_task(config: ml_collections.ConfigDict) -> None:
+    """What the config's task accepts: its corpora, packings and Hugging Face fields, and no
+    field that applies to another task only (which must stay 0).
+
+    It runs before the data section is made, as these were the first checks of a field; a
+    corpus or packing that no task knows is left to the section, which names the choices.
+    """
+    if config.task not in TASKS:
+        raise fail("task", config.task, f"must be one of {tuple(TASKS)}")
+    task = TASKS[config.task]
+    if config.corpus in CORPORA and config.corpus not in task.corpora:
+        raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
+    if config.corpus == "hf" and len(hf_field_paths(config.hf_fields)) != task.hf_fields:
         raise fail(
             "hf_fields",
-            data.hf_fields,
+            config.hf_fields,
             f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
         )
-    if data.packing not in task.packings:
-        raise fail("packing", data.packing, f"task={task.name!r} packs with one of {task.packings}")
+    if config.packing in PACKINGS and config.packing not in task.packings:
+        raise fail(
+            "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
+        )
     others = {f for other in TASKS.values() for f in other.own_fields} - set(task.own_fields)
     for field in sorted(others):
         if config[field]:
