@@ -33,7 +33,6 @@ from train.sections import (
     ScheduleConfig,
     StepConfig,
     fail,
-    hf_field_paths,
 )
 from train.tasks import TASKS, owners
 from train.tokenizer import PAD_ID, model_vocab_size
@@ -81,6 +80,7 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
         )
     _check_task(config)
     data = DataConfig.from_config(config)
+    _check_hf_fields(data)
     model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
     optimizer = OptimizerConfig.from_config(config)
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
@@ -96,8 +96,8 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
 
 
 def _check_task(config: ml_collections.ConfigDict) -> None:
-    """What the config's task accepts: its corpora, packings and Hugging Face fields, and no
-    field that applies to another task only (which must stay 0).
+    """What the config's task accepts: its corpora and packings, and no field that applies
+    to another task only (which must stay 0).
 
     It runs before the data section is made, as these were the first checks of a field; a
     corpus or packing that no task knows is left to the section, which names the choices.
@@ -107,12 +107,6 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     task = TASKS[config.task]
     if config.corpus in CORPORA and config.corpus not in task.corpora:
         raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
-    if config.corpus == "hf" and len(hf_field_paths(config.hf_fields)) != task.hf_fields:
-        raise fail(
-            "hf_fields",
-            config.hf_fields,
-            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
-        )
     if config.packing in PACKINGS and config.packing not in task.packings:
         raise fail(
             "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
@@ -121,6 +115,18 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     for field in sorted(others):
         if config[field]:
             raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
+
+
+def _check_hf_fields(data: DataConfig) -> None:
+    """A Hugging Face row gives as many fields as the task's examples hold (checked once the
+    section has named a missing dataset)."""
+    task = TASKS[data.task]
+    if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
+        raise fail(
+            "hf_fields",
+            data.hf_fields,
+            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
+        )
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:

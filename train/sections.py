@@ -86,11 +86,6 @@ def _check_fraction(section, name: str) -> None:
         raise fail(name, getattr(section, name), "must be in [0, 1)")
 
 
-def hf_field_paths(hf_fields: str) -> list[str]:
-    """`--config.hf_fields` split at its commas: one dotted path per example field."""
-    return [f for f in hf_fields.split(",") if f]
-
-
 class _ReadByName:
     """A section whose fields are config fields of the same names."""
 
@@ -169,7 +164,7 @@ class DataConfig(_ReadByName):
     @property
     def hf_field_paths(self) -> list[str]:
         """`hf_fields` split at its commas: one dotted path per example field."""
-        return hf_field_paths(self.hf_fields)
+        return [f for f in self.hf_fields.split(",") if f]
 
     def __post_init__(self):
         object.__setattr__(self, "bucket_lengths", tuple(self.bucket_lengths))
