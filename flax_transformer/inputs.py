@@ -17,15 +17,33 @@ from flax_transformer.functional.checks import is_concrete, runtime_check
 
 
 def check_tokens(
-    tokens: jax.Array, vocab_size: int, max_len: int, name: str, *, debug_checks: bool = False
-) -> None:
+    tokens: jax.Array,
+    vocab_size: int,
+    max_len: int | None,
+    name: str,
+    *,
+    debug_checks: bool = False,
+) -> jax.Array:
     """Raise ValueError for a bad token array before any compute is spent.
 
     Shape, dtype and length are checked always; the id range for concrete arrays. Under
     `jit` the ids are tracers: with `debug_checks` the range becomes a `checkify` check
     (`flax_transformer.checked` raises it); without, an id outside [0, vocab_size) embeds
     as NaN (`layers.Embed`), so the logits of its row turn NaN.
+
+    Args:
+        tokens: int token ids `(B, T)` (array-like).
+        vocab_size: ids must lie in [0, vocab_size).
+        max_len: the longest T allowed; None leaves the length to the caller (generation
+            checks the prompt together with the tokens it will add).
+        name: what the tokens are, for the message (`src_tokens`, `generate_text:
+            prompt_tokens`).
+        debug_checks: turn the range check of traced ids into a `checkify` check.
+
+    Returns:
+        The ids as an int32 array.
     """
+    tokens = jnp.asarray(tokens)
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -34,7 +52,7 @@ def check_tokens(
         raise ValueError(
             f"{name} is empty, {tokens.shape=}: pass at least one sequence of at least one token."
         )
-    if tokens.shape[1] > max_len:
+    if max_len is not None and tokens.shape[1] > max_len:
         raise ValueError(
             f"{name} length {tokens.shape[1]} exceeds TransformerConfig.max_len={max_len}; "
             "shorten the input or raise max_len."
@@ -51,6 +69,7 @@ def check_tokens(
             low=tokens.min(),
             high=tokens.max(),
         )
+    return tokens.astype(jnp.int32)
 
 
 def check_token_range(ids, vocab_size: int, name: str) -> None:

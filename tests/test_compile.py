@@ -21,7 +21,7 @@ from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
 from train import compile_costs, config_lib, tasks, train_lib
 from train.compile_lib import abstract_batch
-from train.sections import DataConfig, Experiment
+from train.sections import DataConfig
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(
@@ -258,7 +258,7 @@ def test_model_formula_equals_the_traced_matrix_products(name):
     for scan, remat in [(False, False), (True, False), (True, True)]:
         config.model.update(d_model=32, num_heads=4, d_ff=64, num_layers=2)
         config.model.update(scan_layers=scan, remat=remat)
-        experiment = Experiment.from_config(config)
+        experiment = config_lib.validate_config(config)
         program = train_lib.build_program(experiment, task, mesh, 100, unk_id=3)
         batch = abstract_batch(experiment.data, task, mesh, evaluation=False)
         traced = program.train_step.trace(program.state_shapes, batch)

@@ -13,7 +13,6 @@ import pytest
 
 from flax_transformer import sharding
 from train import config_lib, steps, tasks, train_lib
-from train.sections import ScheduleConfig
 
 CONFIG_NAMES = sorted(
     p.stem
@@ -55,7 +54,7 @@ def test_paper_sizes_match_table_3(name):
 
 def test_paper_learning_rate_schedule():
     config = _config("transformer_base")
-    schedule = ScheduleConfig.from_config(config).build()
+    schedule = config_lib.validate_config(config).schedule.build()
     for t in (1, 100, 4000, 10_000, 100_000):
         paper = 512**-0.5 * min(t**-0.5, t * 4000**-1.5)  # Vaswani et al. eq. 3
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)

@@ -20,9 +20,8 @@ from flax import linen as nn
 from configs import default
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer.functional.attention import MASK_VALUE
-from train import visualize
+from train import config_lib, visualize
 from train.checkpoint import TrainedModel
-from train.sections import Experiment
 from train.tokenizer import ByteTokenizer
 
 CHROMIUM = pathlib.Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
@@ -170,7 +169,7 @@ def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
     model, params, tok, *_ = _translation()
     config = default.get_config()
     config.update(max_len=32, bucket_lengths=(), max_decode_len=0, tokenizer="byte")
-    experiment = Experiment.from_config(config)
+    experiment = config_lib.validate_config(config)
     trained = TrainedModel(config, tok, model, params, 0, experiment)
     monkeypatch.setattr("train.tools.load_trained", lambda workdir: trained)
     out = tmp_path / "page.html"

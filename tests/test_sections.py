@@ -1,6 +1,8 @@
 """train.sections: the config turned once into frozen, self-checking sections."""
 
 import dataclasses
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -9,9 +11,9 @@ import pytest
 from configs import default
 from flax_transformer import TransformerConfig, sharding
 from train import config_lib, steps, tasks, train_lib
-from train.decoding import DecodeOptions
 from train.sections import (
     DataConfig,
+    DecodeOptions,
     EvalConfig,
     Experiment,
     OptimizerConfig,
@@ -24,7 +26,7 @@ from train.tokenizer import ByteTokenizer
 
 @pytest.fixture
 def experiment() -> Experiment:
-    return Experiment.from_config(default.get_config())
+    return config_lib.validate_config(default.get_config())
 
 
 def test_each_section_holds_its_config_fields(experiment):
@@ -56,7 +58,7 @@ def test_each_section_holds_its_config_fields(experiment):
 def test_the_byte_tokenizer_sizes_the_model():
     config = default.get_config()
     config.tokenizer = "byte"
-    model = Experiment.from_config(config).model
+    model = config_lib.validate_config(config).model
     assert isinstance(model, TransformerConfig)
     assert model.vocab_size == ByteTokenizer().vocab_size
 
@@ -88,7 +90,7 @@ def test_sections_are_frozen(experiment, name):
     ],
 )
 def test_a_section_checks_itself_when_made(experiment, section, field, value, message):
-    # Made by hand (as research code may), not only through Experiment.from_config.
+    # Made by hand (as research code may), not only through validate_config.
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(getattr(experiment, section), **{field: value})
 
@@ -97,11 +99,11 @@ def test_a_bad_override_is_named_as_on_the_command_line():
     config = default.get_config()
     config.top_p = 0.0
     with pytest.raises(ValueError, match=r"--config.top_p=0.0: must be in \(0, 1\]"):
-        Experiment.from_config(config)
+        config_lib.validate_config(config)
     config = default.get_config()
     config.model.num_heads = 3
     with pytest.raises(ValueError, match=r"num_heads=3 does not divide.*--config\.model"):
-        Experiment.from_config(config)
+        config_lib.validate_config(config)
 
 
 def test_resume_identity_is_the_data_and_model_sections():
@@ -126,7 +128,7 @@ def test_the_train_step_reports_the_rate_of_its_update():
     config.update(tokenizer="byte", max_len=16, bucket_lengths=(), max_decode_len=0)
     config.update(grad_accum_steps=2, warmup_steps=3, num_train_steps=8, schedule="cosine")
     config.model.update(d_model=16, num_heads=2, d_ff=32, num_layers=1)
-    experiment = Experiment.from_config(config)
+    experiment = config_lib.validate_config(config)
     task = tasks.get_task(config.task)
     mesh = sharding.make_mesh(data=-1)
     program = train_lib.build_program(experiment, task, mesh, 50, unk_id=3)
@@ -146,5 +148,48 @@ def test_the_train_step_reports_the_rate_of_its_update():
 
 def test_validate_config_returns_the_sections():
     config = default.get_config()
-    assert config_lib.validate_config(config) == Experiment.from_config(config)
-    assert isinstance(EvalConfig.from_config(config).decode, DecodeOptions)
+    experiment = config_lib.validate_config(config)
+    assert isinstance(experiment, Experiment)
+    assert experiment.eval == EvalConfig.from_config(config)
+    assert isinstance(experiment.eval.decode, DecodeOptions)
+
+
+def test_the_sections_load_alone():
+    # Nothing of train/ comes with them: the tasks and the decoding may read them freely.
+    code = (
+        "import sys, train.sections; "
+        "print(sorted(m for m in sys.modules if m.startswith('train.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['train.sections']"
+
+
+@pytest.mark.parametrize(
+    "updates, message",
+    [
+        ({"task": "chat"}, r"--config.task='chat': must be one of \('translation', 'lm'\)"),
+        ({"corpus": "kjv"}, r"--config.corpus='kjv': task='translation' reads one of"),
+        (
+            {"packing": "stream", "batch_size": 32, "tokens_per_batch": 0},
+            r"--config.packing='stream': task='translation' packs with one of",
+        ),
+    ],
+)
+def test_the_task_registry_is_checked_by_validate_config(updates, message):
+    config = default.get_config()
+    config.update(updates)
+    DataConfig.from_config(config)  # the section alone knows no task
+    with pytest.raises(ValueError, match=message):
+        config_lib.validate_config(config)
+
+
+def test_a_field_of_another_task_is_refused():
+    config = default.get_config()
+    config.update(task="lm", corpus="kjv", copied_targets=0.0, target_token_dropout=0.1)
+    with pytest.raises(
+        ValueError, match=r"target_token_dropout=0.1: applies to task='translation'"
+    ):
+        config_lib.validate_config(config)
+    config.update(target_token_dropout=0.0, copied_targets=0.5)
+    with pytest.raises(ValueError, match=r"copied_targets=0.5: applies to task='translation' only"):
+        config_lib.validate_config(config)

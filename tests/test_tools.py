@@ -15,7 +15,7 @@ import pytest
 from train_helpers import tiny_config
 
 from train import checkpoint, config_lib, sample, translate
-from train.decoding import DecodeOptions
+from train.sections import DecodeOptions
 
 REPO = pathlib.Path(__file__).parent.parent
 OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"

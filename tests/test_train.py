@@ -15,6 +15,7 @@ from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
 from train import checkpoint, decoding, metrics, train_lib
 from train.rundir import RunDir
+from train.sections import DecodeOptions
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
 # asyncio loop; it surfaces later, at garbage collection, as an unraisable "Exception ignored
@@ -101,7 +102,7 @@ def test_translate_from_checkpoint(trained_run):
     assert trained.experiment.data.task == "translation"
     sample = results["samples"][0]
     options = trained.experiment.eval.decode  # the run's, as its report decoded
-    assert options == decoding.DecodeOptions.from_config(trained.config)
+    assert options == DecodeOptions.from_config(trained.config)
     outputs = decoding.translate(
         trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], options
     )
@@ -210,7 +211,7 @@ def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
         )
     )
     params = jax.jit(model.init)(jax.random.key(0), np.ones((1, 4), np.int32))["params"]
-    options = decoding.DecodeOptions(
+    options = DecodeOptions(
         max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0
     )
     (text,) = decoding.sample_text(model, params, tokenizer, ["ab"], options)
@@ -322,8 +323,8 @@ def test_decode_options_come_from_the_config_once():
     from configs import default
 
     config = default.get_config()
-    options = decoding.DecodeOptions.from_config(config)
-    assert options == decoding.DecodeOptions(
+    options = DecodeOptions.from_config(config)
+    assert options == DecodeOptions(
         max_len=config.max_len,
         bucket_lengths=tuple(config.bucket_lengths),
         batch_size=config.decode_batch_size,

@@ -358,7 +358,7 @@ class TrainedModel(NamedTuple):
 def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     """Reads `workdir/config.json`, the tokenizer and the latest checkpoint's parameters.
 
-    The config passes the same section checks as a training run's (`Experiment.from_config`).
+    The config passes the same section checks as a training run's (`config_lib.validate_config`).
 
     Args:
         workdir: a run directory written by `train.main`.

@@ -27,7 +27,7 @@ from train import compile_costs, config_lib, tasks, train_lib
 from train.cli import native_stderr_captured
 from train.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
 from train.packing import get_packer
-from train.tokenizer import UNK_ID
+from train.tokenizer import UNK_ID, model_vocab_size
 
 
 @contextlib.contextmanager
@@ -353,7 +353,8 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
         devices = topology_devices(topology, chip)
     mesh = train_lib.make_mesh(experiment.run.mesh_shape, devices)
     task = tasks.get_task(data.task)
-    program = train_lib.build_program(experiment, task, mesh, data.model_vocab_size, unk_id=UNK_ID)
+    vocab_size = model_vocab_size(data.tokenizer, data.vocab_size)
+    program = train_lib.build_program(experiment, task, mesh, vocab_size, unk_id=UNK_ID)
     train_batch = abstract_batch(data, task, mesh, evaluation=False)
     eval_batch = abstract_batch(data, task, mesh, evaluation=True)
     train = evaluate = None

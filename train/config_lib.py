@@ -1,14 +1,18 @@
 """The experiment config (ml_collections, `configs/*.py`): its one check-and-convert into
-sections (`train.sections.Experiment`), what a resumed run must keep of it, and the config a
-run directory recorded (`read_saved`, for the tools that read a trained run).
+sections (`validate_config` -> `train.sections.Experiment`), what a resumed run must keep of
+it, and the config a run directory recorded (`read_saved`, for the tools that read a trained
+run).
 
-Every check names the field as it is written on the command line (`--config.field=value`),
-so a bad override is fixed where it was made.
+Each section checks its own fields (`train.sections`); `validate_config` adds what needs the
+config as a whole (finite numbers, renamed fields) or the task registry (the corpora,
+packings and fields each task accepts). Every check names the field as it is written on the
+command line (`--config.field=value`), so a bad override is fixed where it was made.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +22,20 @@ import ml_collections
 from flax_transformer import TransformerConfig
 from train.cli import DamagedFileError
 from train.rundir import RunDir, read_json
-from train.sections import PACKINGS, DataConfig, Experiment, RunConfig, model_config
+from train.sections import (
+    CORPORA,
+    PACKINGS,
+    DataConfig,
+    EvalConfig,
+    Experiment,
+    OptimizerConfig,
+    RunConfig,
+    ScheduleConfig,
+    StepConfig,
+    fail,
+)
+from train.tasks import TASKS, owners
+from train.tokenizer import PAD_ID, model_vocab_size
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -39,6 +56,9 @@ IDENTITY_FIELDS = (*DataConfig.identity_fields(), *RunConfig.IDENTITY, "model")
 def validate_config(config: ml_collections.ConfigDict) -> Experiment:
     """The config's sections, or ValueError for the first field out of range or inconsistent.
 
+    The one checked path from a config to its sections: training, `train.compile`,
+    `train.prepare` and the tools that read a trained run all come through it.
+
     Args:
         config: an experiment config (see `configs/default.py` for every field).
 
@@ -48,7 +68,107 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
     Raises:
         ValueError: names the field as `--config.<field>=<value>` and what it must be.
     """
-    return Experiment.from_config(config)
+    _check_finite(config)
+    if "packed" in config:
+        raise fail(
+            "packed",
+            config.packed,
+            "was renamed --config.packing: packed=True is packing='stream' (lines cut into "
+            "max_len windows), packed=False is packing='none'; packing='segments' packs "
+            "whole examples with attention kept within each. Set packing instead and "
+            "delete packed",
+        )
+    _check_task(config)
+    data = DataConfig.from_config(config)
+    _check_hf_fields(data)
+    model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
+    optimizer = OptimizerConfig.from_config(config)
+    run = RunConfig.from_config(config)  # before the schedule, which counts its updates
+    return Experiment(
+        data=data,
+        model=model,
+        optimizer=optimizer,
+        schedule=ScheduleConfig.from_config(config, optimizer, run),
+        step=StepConfig.from_config(config),
+        eval=EvalConfig.from_config(config),
+        run=run,
+    )
+
+
+def _check_task(config: ml_collections.ConfigDict) -> None:
+    """What the config's task accepts: its corpora and packings, and no field that applies
+    to another task only (which must stay 0).
+
+    It runs before the data section is made, as these were the first checks of a field; a
+    corpus or packing that no task knows is left to the section, which names the choices.
+    """
+    if config.task not in TASKS:
+        raise fail("task", config.task, f"must be one of {tuple(TASKS)}")
+    task = TASKS[config.task]
+    if config.corpus in CORPORA and config.corpus not in task.corpora:
+        raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
+    if config.packing in PACKINGS and config.packing not in task.packings:
+        raise fail(
+            "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
+        )
+    others = {f for other in TASKS.values() for f in other.own_fields} - set(task.own_fields)
+    for field in sorted(others):
+        if config[field]:
+            raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
+
+
+def _check_hf_fields(data: DataConfig) -> None:
+    """A Hugging Face row gives as many fields as the task's examples hold (checked once the
+    section has named a missing dataset)."""
+    task = TASKS[data.task]
+    if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
+        raise fail(
+            "hf_fields",
+            data.hf_fields,
+            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
+        )
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The one conversion of `config.model` (+ data fields) into a TransformerConfig.
+
+    Args:
+        config: an experiment config.
+        vocab_size: the tokenizer's vocabulary size (shared by source and target).
+
+    Returns:
+        The frozen model config, with max_len = config.max_len and pad_id = the tokenizer's.
+
+    Raises:
+        ValueError: an unknown or invalid model field, named as `--config.model.<field>`.
+    """
+    fields = dict(config.model)
+    known = set(TransformerConfig.__dataclass_fields__)
+    for name in fields:
+        if name not in known or name in ("vocab_size", "max_len", "pad_id"):
+            raise ValueError(
+                f"--config.model.{name}: not a TransformerConfig field settable here; "
+                f"vocab_size, max_len and pad_id come from the data fields (--config.vocab_size, "
+                f"--config.max_len)."
+            )
+    try:
+        return TransformerConfig(
+            vocab_size=vocab_size, max_len=config.max_len, pad_id=PAD_ID, **fields
+        )
+    except ValueError as err:
+        raise ValueError(f"{err} (set it with --config.model.<field>=...)") from err
+
+
+def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Raises ValueError for a NaN or infinite float anywhere in `config` (nested included).
+
+    Range checks cannot catch these: every comparison with NaN is False.
+    """
+    for field, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _check_finite(value, f"{prefix}{field}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise fail(f"{prefix}{field}", value, "must be a finite number")
 
 
 def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,7 +192,7 @@ def read_saved(
         workdir: a run directory written by `train.main`.
 
     Returns:
-        (the config as the run wrote it, defaults filled in; `Experiment.from_config` of it).
+        (the config as the run wrote it, defaults filled in; `validate_config` of it).
 
     Raises:
         FileNotFoundError: no config.json in `workdir`.
@@ -99,7 +219,7 @@ def read_saved(
     saved.pop("packed", None)
     config = ml_collections.ConfigDict({**default.get_config().to_dict(), **saved})
     try:
-        return config, Experiment.from_config(config)
+        return config, validate_config(config)
     except ValueError as err:
         raise ValueError(
             f"{path} records {err} ; correct the value in the file (this version of the "

@@ -2,153 +2,27 @@
 
 Both go through `flax_transformer.generate_translation` and `generate_text` (KV-cache
 decoding; greedy unless the options ask for beams or sampling). What they read of the
-experiment config travels as one frozen `DecodeOptions`, built once with `from_config`; a
-command-line flag changes a copy (`dataclasses.replace`), never the config. The options
-turn into one decoding strategy (`Greedy`, `Sample` or `Beam`) where they are used. The scores of
-decoded text live here too: BLEU and chrF (sacrebleu) and the share of outputs that loop.
+experiment config travels as one frozen `train.sections.DecodeOptions` (the eval section's
+`decode`); a command-line flag changes a copy (`dataclasses.replace`), never the config. The
+options turn into one decoding strategy (`Greedy`, `Sample` or `Beam`) where they are used.
+The scores of decoded text live here too: BLEU and chrF (sacrebleu) and the share of outputs
+that loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Sequence
+from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 
-from flax_transformer import Beam, Greedy, Sample, generate_text, generate_translation
+from flax_transformer import Sample, generate_text, generate_translation
 from train import distributed
 from train.batching import default_bucket_lengths
+from train.sections import DecodeOptions, EvalConfig
 from train.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from train.sections import EvalConfig
-
-
-class DecodeOptionError(ValueError):
-    """A decoding option out of range: `option=value: expected.`
-
-    `named(name)` is the same error under the name the user wrote: `--config.beam_size` for
-    the experiment config (`DecodeOptions.from_config`), `--beam_size` for a tool's flag.
-    """
-
-    def __init__(self, option: str, value: Any, expected: str):
-        super().__init__(f"{option}={value!r}: {expected}.")
-        self.option, self.value, self.expected = option, value, expected
-
-    def named(self, name: str) -> ValueError:
-        """The error with the option called `name` (e.g. `--config.decode_batch_size`)."""
-        return ValueError(f"{name}={self.value!r}: {self.expected}.")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeOptions:
-    """How to decode; the defaults are those of `configs/default.py`.
-
-    Every option is checked when the options are made (or `dataclasses.replace`d): a bad one
-    raises `DecodeOptionError`, which `from_config` names as the config field it came from.
-
-    Attributes:
-        max_len: the model's longest sequence (sources, and prompt + continuation).
-        bucket_lengths: source lengths padded to (few shapes compile); () = powers of two
-            from 8, then max_len.
-        batch_size: sentences translated together.
-        max_decode_len: tokens generated at most; 0 = as many as fit; less than max_len.
-        beam_size: beam width; 1 = greedy.
-        length_penalty: beam search length penalty alpha (GNMT), >= 0.
-        temperature: sampling temperature; 0 = greedy.
-        top_k: sample among the k most likely tokens; 0 = all.
-        top_p: nucleus sampling mass in (0, 1]; 1 = off.
-        seed: the sampling key's seed when no key is given; non-negative.
-    """
-
-    max_len: int
-    bucket_lengths: tuple[int, ...] = ()
-    batch_size: int = 64
-    max_decode_len: int = 0
-    beam_size: int = 1
-    length_penalty: float = 0.6
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    # The experiment-config field each option is read from.
-    CONFIG_FIELDS: ClassVar[Mapping[str, str]] = {
-        "max_len": "max_len",
-        "bucket_lengths": "bucket_lengths",
-        "batch_size": "decode_batch_size",
-        "max_decode_len": "max_decode_len",
-        "beam_size": "beam_size",
-        "length_penalty": "length_penalty",
-        "temperature": "temperature",
-        "top_k": "top_k",
-        "top_p": "top_p",
-        "seed": "seed",
-    }
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> DecodeOptions:
-        """The options an experiment config sets.
-
-        Raises:
-            ValueError: an option out of range, named as `--config.<field>=<value>`.
-        """
-        values = {option: config[field] for option, field in cls.CONFIG_FIELDS.items()}
-        values["bucket_lengths"] = tuple(values["bucket_lengths"])
-        try:
-            return cls(**values)
-        except DecodeOptionError as err:
-            raise err.named(f"--config.{cls.CONFIG_FIELDS[err.option]}") from None
-
-    def __post_init__(self):
-        for name, low, what in (
-            ("max_len", 1, "must be a positive integer"),
-            ("batch_size", 1, "must be a positive integer"),
-            ("beam_size", 1, "must be a positive integer"),
-            ("max_decode_len", 0, "must be a non-negative integer"),
-            ("top_k", 0, "must be a non-negative integer"),
-            ("seed", 0, "must be a non-negative integer"),
-        ):
-            value = getattr(self, name)
-            if not _is_int(value) or value < low:
-                raise DecodeOptionError(name, value, what)
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise DecodeOptionError("top_p", self.top_p, "must be in (0, 1]")
-        for name, meaning in (("temperature", "0 = greedy"), ("length_penalty", "0 = none")):
-            value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value):  # NaN passes every comparison
-                raise DecodeOptionError(name, value, f"must be a finite number >= 0 ({meaning})")
-            if value < 0:
-                raise DecodeOptionError(name, value, f"must be >= 0 ({meaning})")
-        if self.max_decode_len >= self.max_len:
-            raise DecodeOptionError(
-                "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
-            )
-
-    def translation_strategy(self) -> Greedy | Beam:
-        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
-        if self.beam_size > 1:
-            return Beam(self.beam_size, self.length_penalty)
-        return Greedy()
-
-    def text_strategy(self) -> Greedy | Sample:
-        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
-        which has nothing for top_k/top_p to filter, so the run's values go unused."""
-        if self.temperature > 0:
-            return Sample(self.temperature, self.top_k, self.top_p)
-        return Greedy()
 
 
 def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:

@@ -59,12 +59,12 @@ def main(argv: list[str]) -> None:
     except (OSError, SyntaxError) as err:
         die(config_file_error(err, sys.argv), USAGE_ERROR)
     quiet_library_logs()
-    from train.sections import DataConfig
+    from train import config_lib
     from train.store_prepare import StoreWriteError, prepare_store
 
     try:
         part = _part(FLAGS.part)
-        data = DataConfig.from_config(config)
+        data = config_lib.validate_config(config).data
         if not data.store_dir:
             raise ValueError(
                 "--config.store_dir='' : name the directory to write the token store to."

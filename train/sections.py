@@ -1,8 +1,8 @@
 """The experiment config in sections: what each part of a run reads, frozen and checked.
 
 The ConfigDict of `configs/*.py` stays the user's interface (files, `--config.field=value`
-overrides, `config.json` in the run directory). `Experiment.from_config` turns it, once, at
-the top of a run, into one frozen section per job:
+overrides, `config.json` in the run directory). `train.config_lib.validate_config` turns it,
+once, at the top of a run, into one frozen section per job:
 
     data       DataConfig            corpus, split, tokenizer, lengths, packing, batch sizes
     model      TransformerConfig     `config.model` + vocab_size, max_len and pad_id
@@ -13,24 +13,25 @@ the top of a run, into one frozen section per job:
     run        RunConfig             how long, how often, where: seed, PRNG, mesh, checkpoints
 
 Each section checks its own fields when it is made, and names a bad one as it is written on
-the command line (`--config.field=value`), so an override is fixed where it was made. Every
-function of the program receives the section it reads, never the whole config.
+the command line (`--config.field=value`), so an override is fixed where it was made. What
+depends on the task registry (the corpora, packings and fields a task accepts) is checked
+by `validate_config`, above the registry: this module imports nothing of `train/`, so the
+tasks and the decoding may read the sections without a circle. Every function of the
+program receives the section it reads, never the whole config.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import jax.numpy as jnp
 import ml_collections
 import optax
 
-from flax_transformer import TransformerConfig
-from train.decoding import DecodeOptions
-from train.tasks import TASKS, get_task, owners
-from train.tokenizer import PAD_ID, ByteTokenizer
+from flax_transformer import Beam, Greedy, Sample, TransformerConfig
 
 CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
 TOKENIZERS = ("sentencepiece", "byte")
@@ -48,6 +49,10 @@ def fail(field: str, value: Any, expected: str) -> ValueError:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_positive_ints(section, *names: str) -> None:
@@ -161,15 +166,9 @@ class DataConfig(_ReadByName):
         """`hf_fields` split at its commas: one dotted path per example field."""
         return [f for f in self.hf_fields.split(",") if f]
 
-    @property
-    def model_vocab_size(self) -> int:
-        """The vocabulary the model is built for: the byte tokenizer's, or `vocab_size`."""
-        return ByteTokenizer().vocab_size if self.tokenizer == "byte" else self.vocab_size
-
     def __post_init__(self):
         object.__setattr__(self, "bucket_lengths", tuple(self.bucket_lengths))
         for name, allowed in (
-            ("task", tuple(TASKS)),
             ("corpus", CORPORA),
             ("tokenizer", TOKENIZERS),
             ("direction", DIRECTIONS),
@@ -184,12 +183,6 @@ class DataConfig(_ReadByName):
             _check_fraction(self, name)
         if self.valid_fraction <= 0:
             raise fail("valid_fraction", self.valid_fraction, "must be > 0 (validation is needed)")
-        if self.copied_targets and "copied_targets" not in get_task(self.task).own_fields:
-            raise fail(
-                "copied_targets",
-                self.copied_targets,
-                f"applies to task={owners('copied_targets')} only; set it to 0",
-            )
         if not 0.0 <= self.copied_targets <= 1.0:
             raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
         if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
@@ -227,31 +220,16 @@ class DataConfig(_ReadByName):
             )
 
     def _check_corpus(self) -> None:
-        task = get_task(self.task)
-        if self.corpus not in task.corpora:
-            raise fail("corpus", self.corpus, f"task={task.name!r} reads one of {task.corpora}")
         if self.corpus in ("tsv", "text") and not self.corpus_path:
             raise fail("corpus_path", self.corpus_path, f"corpus={self.corpus!r} needs a file path")
-        if self.corpus == "hf":
-            if not self.hf_dataset:
-                raise fail("hf_dataset", self.hf_dataset, "corpus='hf' needs a dataset name")
-            if len(self.hf_field_paths) != task.hf_fields:
-                raise fail(
-                    "hf_fields",
-                    self.hf_fields,
-                    f"task={self.task!r} needs {task.hf_fields} comma-separated field path(s)",
-                )
+        if self.corpus == "hf" and not self.hf_dataset:
+            raise fail("hf_dataset", self.hf_dataset, "corpus='hf' needs a dataset name")
 
     def _check_batching(self) -> None:
         if (self.batch_size == 0) == (self.tokens_per_batch == 0):
             raise ValueError(
                 f"--config.batch_size={self.batch_size} and "
                 f"--config.tokens_per_batch={self.tokens_per_batch}: set exactly one of them > 0."
-            )
-        task = get_task(self.task)
-        if self.packing not in task.packings:
-            raise fail(
-                "packing", self.packing, f"task={task.name!r} packs with one of {task.packings}"
             )
         if self.packing == "stream" and self.batch_size == 0:
             raise fail("batch_size", self.batch_size, "packing='stream' needs batch_size > 0")
@@ -286,18 +264,16 @@ class ScheduleConfig:
     num_updates: int
 
     @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> ScheduleConfig:
-        accum = config.grad_accum_steps
-        if not _is_int(accum) or accum < 1:
-            raise fail("grad_accum_steps", accum, "must be a positive integer")
-        steps = config.num_train_steps
-        if not _is_int(steps) or steps < 1:
-            raise fail("num_train_steps", steps, "must be a positive integer")
+    def from_config(
+        cls, config: ml_collections.ConfigDict, optimizer: OptimizerConfig, run: RunConfig
+    ) -> ScheduleConfig:
+        """The schedule's fields of the config; the update count from the optimizer and run
+        sections, which have checked `grad_accum_steps` and `num_train_steps`."""
         return cls(
             schedule=config.schedule,
             learning_rate=config.learning_rate,
             warmup_steps=config.warmup_steps,
-            num_updates=max(steps // accum, 1),
+            num_updates=max(run.num_train_steps // optimizer.grad_accum_steps, 1),
         )
 
     def __post_init__(self):
@@ -398,6 +374,121 @@ class StepConfig(_ReadByName):
         _check_fraction(self, "target_token_dropout")
 
 
+class DecodeOptionError(ValueError):
+    """A decoding option out of range: `option=value: expected.`
+
+    `named(name)` is the same error under the name the user wrote: `--config.beam_size` for
+    the experiment config (`DecodeOptions.from_config`), `--beam_size` for a tool's flag.
+    """
+
+    def __init__(self, option: str, value: Any, expected: str):
+        super().__init__(f"{option}={value!r}: {expected}.")
+        self.option, self.value, self.expected = option, value, expected
+
+    def named(self, name: str) -> ValueError:
+        """The error with the option called `name` (e.g. `--config.decode_batch_size`)."""
+        return ValueError(f"{name}={self.value!r}: {self.expected}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode; the defaults are those of `configs/default.py`.
+
+    Every option is checked when the options are made (or `dataclasses.replace`d): a bad one
+    raises `DecodeOptionError`, which `from_config` names as the config field it came from.
+
+    Attributes:
+        max_len: the model's longest sequence (sources, and prompt + continuation).
+        bucket_lengths: source lengths padded to (few shapes compile); () = powers of two
+            from 8, then max_len.
+        batch_size: sentences translated together.
+        max_decode_len: tokens generated at most; 0 = as many as fit; less than max_len.
+        beam_size: beam width; 1 = greedy.
+        length_penalty: beam search length penalty alpha (GNMT), >= 0.
+        temperature: sampling temperature; 0 = greedy.
+        top_k: sample among the k most likely tokens; 0 = all.
+        top_p: nucleus sampling mass in (0, 1]; 1 = off.
+        seed: the sampling key's seed when no key is given; non-negative.
+    """
+
+    max_len: int
+    bucket_lengths: tuple[int, ...] = ()
+    batch_size: int = 64
+    max_decode_len: int = 0
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    # The experiment-config field each option is read from.
+    CONFIG_FIELDS: ClassVar[Mapping[str, str]] = {
+        "max_len": "max_len",
+        "bucket_lengths": "bucket_lengths",
+        "batch_size": "decode_batch_size",
+        "max_decode_len": "max_decode_len",
+        "beam_size": "beam_size",
+        "length_penalty": "length_penalty",
+        "temperature": "temperature",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "seed": "seed",
+    }
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> DecodeOptions:
+        """The options an experiment config sets.
+
+        Raises:
+            ValueError: an option out of range, named as `--config.<field>=<value>`.
+        """
+        values = {option: config[field] for option, field in cls.CONFIG_FIELDS.items()}
+        values["bucket_lengths"] = tuple(values["bucket_lengths"])
+        try:
+            return cls(**values)
+        except DecodeOptionError as err:
+            raise err.named(f"--config.{cls.CONFIG_FIELDS[err.option]}") from None
+
+    def __post_init__(self):
+        for name, low, what in (
+            ("max_len", 1, "must be a positive integer"),
+            ("batch_size", 1, "must be a positive integer"),
+            ("beam_size", 1, "must be a positive integer"),
+            ("max_decode_len", 0, "must be a non-negative integer"),
+            ("top_k", 0, "must be a non-negative integer"),
+            ("seed", 0, "must be a non-negative integer"),
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise DecodeOptionError(name, value, what)
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise DecodeOptionError("top_p", self.top_p, "must be in (0, 1]")
+        for name, meaning in (("temperature", "0 = greedy"), ("length_penalty", "0 = none")):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):  # NaN passes every comparison
+                raise DecodeOptionError(name, value, f"must be a finite number >= 0 ({meaning})")
+            if value < 0:
+                raise DecodeOptionError(name, value, f"must be >= 0 ({meaning})")
+        if self.max_decode_len >= self.max_len:
+            raise DecodeOptionError(
+                "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
+            )
+
+    def translation_strategy(self) -> Greedy | Beam:
+        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
+        if self.beam_size > 1:
+            return Beam(self.beam_size, self.length_penalty)
+        return Greedy()
+
+    def text_strategy(self) -> Greedy | Sample:
+        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
+        which has nothing for top_k/top_p to filter, so the run's values go unused."""
+        if self.temperature > 0:
+            return Sample(self.temperature, self.top_k, self.top_p)
+        return Greedy()
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """Validation, BLEU and the samples of the final report (`train.tasks`, `train.decoding`).
@@ -481,51 +572,11 @@ class RunConfig(_ReadByName):
             raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
-    """The one conversion of `config.model` (+ data fields) into a TransformerConfig.
-
-    Args:
-        config: an experiment config.
-        vocab_size: the tokenizer's vocabulary size (shared by source and target).
-
-    Returns:
-        The frozen model config, with max_len = config.max_len and pad_id = the tokenizer's.
-
-    Raises:
-        ValueError: an unknown or invalid model field, named as `--config.model.<field>`.
-    """
-    fields = dict(config.model)
-    known = set(TransformerConfig.__dataclass_fields__)
-    for name in fields:
-        if name not in known or name in ("vocab_size", "max_len", "pad_id"):
-            raise ValueError(
-                f"--config.model.{name}: not a TransformerConfig field settable here; "
-                f"vocab_size, max_len and pad_id come from the data fields (--config.vocab_size, "
-                f"--config.max_len)."
-            )
-    try:
-        return TransformerConfig(
-            vocab_size=vocab_size, max_len=config.max_len, pad_id=PAD_ID, **fields
-        )
-    except ValueError as err:
-        raise ValueError(f"{err} (set it with --config.model.<field>=...)") from err
-
-
-def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-    """Raises ValueError for a NaN or infinite float anywhere in `config` (nested included).
-
-    Range checks cannot catch these: every comparison with NaN is False.
-    """
-    for field, value in config.items():
-        if isinstance(value, ml_collections.ConfigDict):
-            _check_finite(value, f"{prefix}{field}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise fail(f"{prefix}{field}", value, "must be a finite number")
-
-
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """A whole run's config, one section per job (see the module docstring)."""
+    """A whole run's config, one section per job (see the module docstring); made from a
+    config by `train.config_lib.validate_config`, which also checks the sections against the
+    task they train."""
 
     data: DataConfig
     model: TransformerConfig
@@ -534,42 +585,3 @@ class Experiment:
     step: StepConfig
     eval: EvalConfig
     run: RunConfig
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> Experiment:
-        """The sections of an experiment config (`configs/*.py`, overrides applied).
-
-        Raises:
-            ValueError: the first field out of range or inconsistent, named as
-                `--config.<field>=<value>` with what it must be.
-        """
-        _check_finite(config)
-        if "packed" in config:
-            raise fail(
-                "packed",
-                config.packed,
-                "was renamed --config.packing: packed=True is packing='stream' (lines cut into "
-                "max_len windows), packed=False is packing='none'; packing='segments' packs "
-                "whole examples with attention kept within each. Set packing instead and "
-                "delete packed",
-            )
-        data = DataConfig.from_config(config)
-        step = StepConfig.from_config(config)
-        if (
-            step.target_token_dropout
-            and "target_token_dropout" not in get_task(data.task).own_fields
-        ):
-            raise fail(
-                "target_token_dropout",
-                step.target_token_dropout,
-                f"applies to task={owners('target_token_dropout')} only; set it to 0",
-            )
-        return cls(
-            data=data,
-            model=model_config(config, data.model_vocab_size),
-            optimizer=OptimizerConfig.from_config(config),
-            schedule=ScheduleConfig.from_config(config),
-            step=step,
-            eval=EvalConfig.from_config(config),
-            run=RunConfig.from_config(config),
-        )

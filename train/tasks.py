@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,15 +27,13 @@ from flax_transformer import (
 from train import decoding, distributed
 from train.batching import Side, SideTokens, example_slots
 from train.decoding import sample_text
+from train.sections import EvalConfig
 from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
 
 Batch = dict[str, np.ndarray]
-
-if TYPE_CHECKING:
-    from train.sections import EvalConfig
 
 
 def drop_target_tokens(

@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from train.tokenizer import model_vocab_size
+
 # Written into every manifest; a store of another format is refused with the fix.
 STORE_FORMAT = 1
 MANIFEST = "store.json"
@@ -88,7 +90,7 @@ def store_settings(data) -> dict:
         "corpus_path": data.corpus_path if data.corpus != "kjv" else "",
         "text_field": data.text_field,
         "tokenizer": data.tokenizer,
-        "vocab_size": data.model_vocab_size,
+        "vocab_size": model_vocab_size(data.tokenizer, data.vocab_size),
         "valid_fraction": data.valid_fraction,
         "test_fraction": data.test_fraction,
         "sample_chars": data.store_sample_chars if data.tokenizer == "sentencepiece" else 0,

@@ -125,6 +125,16 @@ class ByteTokenizer:
         return chr(byte) if PRINTABLE_ASCII[0] <= byte <= PRINTABLE_ASCII[1] else f"<0x{byte:02X}>"
 
 
+def model_vocab_size(kind: str, vocab_size: int) -> int:
+    """The vocabulary a model is built for: the byte tokenizer's, or `vocab_size`.
+
+    Args:
+        kind: the data section's `tokenizer` ('byte' or 'sentencepiece').
+        vocab_size: the data section's `vocab_size` (the pieces sentencepiece trains).
+    """
+    return ByteTokenizer().vocab_size if kind == "byte" else vocab_size
+
+
 def _sample_key(text: str) -> bytes:
     """A sentence's place in the deterministic sample of `train_or_load`."""
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()

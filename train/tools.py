@@ -19,8 +19,7 @@ from typing import Any
 from train import config_lib
 from train.checkpoint import TrainedModel, load_trained
 from train.cli import RUN_ERROR, RunFailure, die
-from train.decoding import DecodeOptionError, DecodeOptions
-from train.sections import Experiment
+from train.sections import DecodeOptionError, DecodeOptions, Experiment
 from train.tasks import get_task
 
 

@@ -4,7 +4,7 @@ Both validate their inputs (ValueError before any compute), then run one jitted 
 prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache. How each
 token is chosen is one value, the strategy (`strategies.py`: `Greedy`, `Sample`, `Beam`),
 given as `strategy=` or built from the older keywords by `strategy_from_keywords`. The
-program is compiled once per input shape, strategy structure and `Program` (the other
+program is compiled once per input shape, strategy structure and `DecodeProgram` (the other
 static options). `use_cache=False` runs the same loop with the full model recomputed over
 the whole sequence at every step: the reference the cache is tested against.
 """
@@ -37,10 +37,10 @@ from flax_transformer.decoding.validation import (
     check_penalty_range,
     check_prompt_lengths,
     check_strategy,
-    check_tokens,
     unbox_params,
 )
 from flax_transformer.functional.checks import is_concrete
+from flax_transformer.inputs import check_tokens
 
 # Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
@@ -63,7 +63,7 @@ class Prompt(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Program:
+class DecodeProgram:
     """The static options of one generation: one compiled program per distinct value.
 
     Attributes:
@@ -100,14 +100,16 @@ def _chooser(strategy: Greedy | Sample, rng):
     return choose
 
 
-def _stepper(model, params, prompt: Prompt, program: Program):
+def _stepper(model, params, prompt: Prompt, program: DecodeProgram):
     n, cached = program.max_new_tokens, program.use_cache
     if program.kind == "translation":
         return translation_stepper(model, params, prompt.tokens, prompt.bos_id, n, cached)
     return text_stepper(model, params, prompt.tokens, prompt.lengths, n, cached)
 
 
-def _generate_impl(model, params, prompt: Prompt, strategy: Strategy, rng, *, program: Program):
+def _generate_impl(
+    model, params, prompt: Prompt, strategy: Strategy, rng, *, program: DecodeProgram
+):
     """The whole generation, traced once per input shape, `program` and strategy structure.
 
     `model` and `program` are static. The strategy's class, top_k and beam size are static
@@ -135,7 +137,7 @@ _generate = jax.jit(_generate_impl, static_argnames=("model", "program"))
 
 
 @functools.lru_cache(maxsize=32)
-def _checked_generate(model, program: Program):
+def _checked_generate(model, program: DecodeProgram):
     """`_generate` for one model and `program`, its checkify checks functionalized.
 
     The model's `config.debug_checks` puts checks on traced values into the program
@@ -179,7 +181,7 @@ def _check_decode_dtype(fn: str, decode_dtype) -> str | None:
     return name
 
 
-def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Program):
+def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: DecodeProgram):
     """Call the jitted program; through checkify where `model.config.debug_checks` asks."""
     # Traced leaves in float32, the loops' dtype, whatever float type the user gave.
     strategy = jax.tree.map(jnp.float32, strategy)
@@ -226,7 +228,7 @@ def _resolve_strategy(
 
 
 def _program(fn, kind, max_new_tokens, use_cache, return_logits, logits_hook, decode_dtype):
-    return Program(
+    return DecodeProgram(
         kind=kind,
         max_new_tokens=max_new_tokens,
         use_cache=use_cache,
@@ -328,7 +330,7 @@ def generate_translation(
         )
     cfg = model.config
     params = unbox_params(params, ("encoder", "decoder"), fn)
-    src = check_tokens(fn, "src_tokens", src_tokens, cfg.vocab_size)
+    src = check_tokens(src_tokens, cfg.vocab_size, None, f"{fn}: src_tokens")
     cfg.check_length(src.shape[1], "src_tokens")
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
     keywords = dict(
@@ -426,7 +428,7 @@ def generate_text(
         )
     cfg = model.config
     params = unbox_params(params, ("decoder",), fn)
-    prompt = check_tokens(fn, "prompt_tokens", prompt_tokens, cfg.vocab_size)
+    prompt = check_tokens(prompt_tokens, cfg.vocab_size, None, f"{fn}: prompt_tokens")
     prompt_len = prompt.shape[1]
     lengths = check_prompt_lengths(fn, prompt, prompt_lengths, cfg.pad_id)
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)

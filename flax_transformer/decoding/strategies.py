@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from flax_transformer.functional.checks import check_int
+
 # The values that mean "off" / "the default" for the older keywords.
 DEFAULT_BEAM_SIZE = 1
 # GNMT's length penalty exponent alpha; Wu et al. (2016) tune it in [0.6, 1.0].
@@ -40,12 +42,6 @@ def is_int(value: Any) -> bool:
 
 def is_real(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def check_int(where: str, name: str, value: Any, low: int, what: str) -> None:
-    """ValueError unless `value` is an int >= low; `what` says the range and its meaning."""
-    if not is_int(value) or value < low:
-        raise ValueError(f"{where}: {name}={value!r} must be an int {what}.")
 
 
 def check_real(where: str, name: str, value: Any, low: float, what: str, *, strict=False):

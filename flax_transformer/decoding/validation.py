@@ -13,7 +13,6 @@ from flax import linen as nn
 
 from flax_transformer.decoding.search import LENGTH_PENALTY_BASE
 from flax_transformer.decoding.strategies import STRATEGIES, Beam, Sample, is_int
-from flax_transformer.inputs import check_token_range
 
 
 def _concrete(x: Any) -> bool:
@@ -129,19 +128,6 @@ def check_logits_hook(fn: str, hook: Any) -> Any:
             f"got {type(hook).__name__}."
         )
     return hook
-
-
-def check_tokens(fn: str, name: str, tokens: Any, vocab: int) -> jax.Array:
-    tokens = jnp.asarray(tokens)
-    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(
-            f"{fn}: {name} must be int token ids (B, T), got {tokens.shape=}, {tokens.dtype=}."
-        )
-    if 0 in tokens.shape:
-        raise ValueError(f"{fn}: {name} is empty, {tokens.shape=}.")
-    if _concrete(tokens):
-        check_token_range(tokens, vocab, f"{fn}: {name}")
-    return tokens.astype(jnp.int32)
 
 
 def check_prompt_lengths(fn: str, prompt: jax.Array, prompt_lengths: Any, pad_id: int) -> jax.Array:

@@ -97,12 +97,22 @@ def _bounds(low, high, low_open: bool, high_open: bool) -> str:
     return ""
 
 
-def check_int(fn: str, name: str, value: Any, *, low: int | None = None) -> int:
-    """A Python/numpy int (not a bool, not a float), at least `low`, or an error."""
+def check_int(
+    fn: str, name: str, value: Any, low: int | None = None, what: str | None = None
+) -> int:
+    """A Python/numpy int (not a bool, not a float), at least `low`, as an int.
+
+    The project's one int check: TypeError for another type (a bool included: `True` is
+    not a count), ValueError for an int below `low`. `what` says the range and what its
+    values mean (">= 0 (0: off)"); it defaults to ">= low".
+    """
+    if what is None and low is not None:
+        what = f">= {low}"
+    expected = f"must be an int {what}" if what else "must be an int"
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{fn}: {name}={value!r} must be an int, got {type(value).__name__}.")
+        raise TypeError(f"{fn}: {name}={value!r} {expected}, got {type(value).__name__}.")
     if low is not None and value < low:
-        raise ValueError(f"{fn}: {name}={value!r} must be an int >= {low}.")
+        raise ValueError(f"{fn}: {name}={value!r} {expected}.")
     return int(value)
 
 
