@@ -167,11 +167,22 @@ def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Progra
     return _generate(model, params, prompt, strategy, rng, program=program)
 
 
+class Keywords(NamedTuple):
+    """The older way to say the strategy, as the generation functions were given it (None:
+    not given); `strategies.strategy_from_keywords` reads them."""
+
+    beam_size: int | None
+    length_penalty: float | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+
+
 def _resolve_strategy(
     fn: str,
     config,
     strategy: Strategy | None,
-    keywords: dict,
+    keywords: Keywords,
     *,
     max_new_tokens: int,
     rng,
@@ -179,12 +190,11 @@ def _resolve_strategy(
 ) -> Strategy:
     """`strategy`, or the one the older keywords describe; checked against the model.
 
-    `keywords` holds beam_size, length_penalty, temperature, top_k and top_p as passed
-    (None: not given). Giving both a strategy and any of them is refused.
+    Giving both a strategy and any of the keywords is refused.
     """
-    given = {name: value for name, value in keywords.items() if value is not None}
+    given = {name: value for name, value in keywords._asdict().items() if value is not None}
     if strategy is None:
-        strategy = strategy_from_keywords(fn, **keywords)
+        strategy = strategy_from_keywords(fn, **keywords._asdict())
         if "length_penalty" in given:  # checked as before, even where greedy ignores it
             check_penalty_range(fn, given["length_penalty"], max_new_tokens)
     elif given:
@@ -306,13 +316,7 @@ def generate_translation(
     src = check_tokens(fn, "src_tokens", src_tokens, cfg.vocab_size)
     cfg.check_length(src.shape[1], "src_tokens")
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
-    keywords = dict(
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    keywords = Keywords(beam_size, length_penalty, temperature, top_k, top_p)
     strategy = _resolve_strategy(
         fn,
         cfg,
@@ -405,13 +409,7 @@ def generate_text(
     prompt_len = prompt.shape[1]
     lengths = check_prompt_lengths(fn, prompt, prompt_lengths, cfg.pad_id)
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
-    keywords = dict(
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    keywords = Keywords(beam_size, length_penalty, temperature, top_k, top_p)
     strategy = _resolve_strategy(
         fn,
         cfg,
