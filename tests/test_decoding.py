@@ -4,8 +4,10 @@ The models are tiny, with random weights large enough (`_random_params`) that gr
 decoding does not just repeat one token, so a broken cache shows up in the tokens.
 """
 
+import dataclasses
 import functools
 import itertools
+from typing import ClassVar
 
 import chex
 import jax
@@ -26,6 +28,7 @@ from flax_transformer import (
 )
 from flax_transformer.decoding import (
     MASKED_LOGIT,
+    TokenByToken,
     beam_search,
     init_cache,
     length_penalty,
@@ -427,6 +430,39 @@ def test_sampling():
     above = np.where(probs > chosen, probs, 0.0).sum(-1)
     assert np.all((above < 0.5)[valid])
     assert not np.array_equal(tokens, greedy)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class _Uniform(TokenByToken):
+    """A sampler written outside the library: uniform over the tokens not masked."""
+
+    draws: ClassVar[bool] = True
+
+    def next_tokens(self, logits_BV, rng):
+        flat_BV = jnp.where(logits_BV <= MASKED_LOGIT, MASKED_LOGIT, 0.0)
+        return jax.random.categorical(rng, flat_BV, axis=-1).astype(jnp.int32)
+
+    def tree_flatten(self):
+        return (), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        return cls()
+
+
+def test_a_new_sampler_is_one_class():
+    """A `TokenByToken` subclass defined here decodes through `generate_text` with nothing
+    else changed: it gets a key per step, never emits padding, and needs `rng`."""
+    model, params = _lm()
+    key = jax.random.key(3)
+    tokens, _ = _text(model, params, strategy=_Uniform(), rng=key)
+    np.testing.assert_array_equal(_text(model, params, strategy=_Uniform(), rng=key)[0], tokens)
+    valid = _until_eos(tokens, V - 1)
+    assert np.all(np.asarray(tokens)[valid] != PAD)
+    assert len(set(np.asarray(tokens)[valid].tolist())) > 3  # not one repeated token
+    with pytest.raises(ValueError, match="needs a PRNG key"):
+        _text(model, params, strategy=_Uniform())
 
 
 # logits_hook tests: module-level hooks, so each (hook, options) pair compiles once.

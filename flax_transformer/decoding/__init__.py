@@ -1,10 +1,11 @@
 """Generation for both models: KV cache, parallel prefill, greedy, sampling, beam search.
 
 cache      the KV cache pytree: `init_cache`, `select_rows`, `check_cache_room`
-strategies how a token is chosen, as one hashable value: `Greedy`, `Sample`, `Beam`
 sampling   pure logits filters: temperature, `top_k_mask`, `top_p_mask`, `choose_tokens`
 steppers   one step interface over both models, with or without the cache
-search     the jitted loops: `sample_loop` (greedy / sampling), `beam_search`
+search     the loops: `sample_loop` (one token at a time), `beam_search`
+strategies how tokens are chosen, as one hashable value that runs its loop: `Greedy`,
+           `Sample`, `Beam` (bases `Strategy`, `TokenByToken`)
 generate   the public entry points `generate_translation`, `generate_text`
 """
 
@@ -18,7 +19,7 @@ from flax_transformer.decoding.sampling import (
     top_p_mask,
 )
 from flax_transformer.decoding.search import LogitsHook, beam_search, length_penalty, sample_loop
-from flax_transformer.decoding.strategies import Beam, Greedy, Sample
+from flax_transformer.decoding.strategies import Beam, Greedy, Sample, Strategy, TokenByToken
 
 __all__ = [
     "MASKED_LOGIT",
@@ -26,6 +27,8 @@ __all__ = [
     "Greedy",
     "LogitsHook",
     "Sample",
+    "Strategy",
+    "TokenByToken",
     "beam_search",
     "check_cache_room",
     "choose_tokens",

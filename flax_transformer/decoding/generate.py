@@ -1,12 +1,13 @@
 """Public generation functions: `generate_translation` and `generate_text`.
 
 Both validate their inputs (ValueError before any compute), then run one jitted program:
-prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache. How each
-token is chosen is one value, the strategy (`strategies.py`: `Greedy`, `Sample`, `Beam`),
-given as `strategy=` or built from the older keywords by `strategy_from_keywords`. The
-program is compiled once per input shape, strategy structure and `DecodeProgram` (the other
-static options). `use_cache=False` runs the same loop with the full model recomputed over
-the whole sequence at every step: the reference the cache is tested against.
+prefill, then a `jax.lax.while_loop` of single-token steps over the KV cache. How the
+tokens are chosen is one value, the strategy (`strategies.py`: `Greedy`, `Sample`, `Beam`),
+which runs its own loop (`Strategy.decode`); it is given as `strategy=` (the primary form)
+or built from the older keywords by `strategy_from_keywords`. The program is compiled once
+per input shape, strategy structure and `DecodeProgram` (the other static options).
+`use_cache=False` runs the same loop with the full model recomputed over the whole sequence
+at every step: the reference the cache is tested against.
 """
 
 from __future__ import annotations
@@ -19,22 +20,17 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
-from flax_transformer.decoding import search
-from flax_transformer.decoding.sampling import choose_tokens
 from flax_transformer.decoding.search import LogitsHook
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 from flax_transformer.decoding.strategies import (
-    Beam,
-    Greedy,
-    Sample,
     Strategy,
+    check_penalty_range,
     is_int,
     strategy_from_keywords,
 )
 from flax_transformer.decoding.validation import (
     check_eos_and_length,
     check_logits_hook,
-    check_penalty_range,
     check_prompt_lengths,
     check_strategy,
     unbox_params,
@@ -83,23 +79,6 @@ class DecodeProgram:
     decode_dtype: str | None
 
 
-def _chooser(strategy: Greedy | Sample, rng):
-    """`(logits, step) -> tokens`: argmax, or a sample with the key `fold_in(rng, step)`."""
-    if isinstance(strategy, Greedy):
-        return lambda logits_BV, _: choose_tokens(logits_BV, None)
-
-    def choose(logits_BV, step):
-        return choose_tokens(
-            logits_BV,
-            jax.random.fold_in(rng, step),
-            temperature=strategy.temperature,
-            top_k=strategy.top_k,
-            top_p=strategy.nucleus,
-        )
-
-    return choose
-
-
 def _stepper(model, params, prompt: Prompt, program: DecodeProgram):
     n, cached = program.max_new_tokens, program.use_cache
     if program.kind == "translation":
@@ -118,19 +97,15 @@ def _generate_impl(
     """
     if program.decode_dtype is not None:
         model, params = _in_dtype(model, params, program.decode_dtype)
-    stepper = _stepper(model, params, prompt, program)
-    loop = dict(
+    return strategy.decode(
+        _stepper(model, params, prompt, program),
+        rng,
         max_new_tokens=program.max_new_tokens,
         eos_id=prompt.eos_id,
         pad_id=model.config.pad_id,
         logits_hook=program.logits_hook,
+        return_logits=program.return_logits,
     )
-    if isinstance(strategy, Beam):
-        return search.beam_search(
-            stepper, beam_size=strategy.size, alpha=strategy.length_penalty, **loop
-        )
-    choose = _chooser(strategy, rng)
-    return search.sample_loop(stepper, choose, return_logits=program.return_logits, **loop)
 
 
 _generate = jax.jit(_generate_impl, static_argnames=("model", "program"))
@@ -185,7 +160,7 @@ def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Decode
     """Call the jitted program; through checkify where `model.config.debug_checks` asks."""
     # Traced leaves in float32, the loops' dtype, whatever float type the user gave.
     strategy = jax.tree.map(jnp.float32, strategy)
-    rng = rng if isinstance(strategy, Sample) else None  # greedy and beams draw nothing
+    rng = rng if strategy.draws else None  # greedy and beams draw nothing
     concrete = is_concrete(*jax.tree.leaves((prompt.tokens, prompt.lengths, params)))
     if model.config.debug_checks and concrete:
         err, out = _checked_generate(model, program)(params, prompt, strategy, rng)
@@ -194,11 +169,22 @@ def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Decode
     return _generate(model, params, prompt, strategy, rng, program=program)
 
 
+class Keywords(NamedTuple):
+    """The older way to say the strategy, as the generation functions were given it (None:
+    not given); `strategies.strategy_from_keywords` reads them."""
+
+    beam_size: int | None
+    length_penalty: float | None
+    temperature: float | None
+    top_k: int | None
+    top_p: float | None
+
+
 def _resolve_strategy(
     fn: str,
     config,
     strategy: Strategy | None,
-    keywords: dict,
+    keywords: Keywords,
     *,
     max_new_tokens: int,
     rng,
@@ -206,12 +192,11 @@ def _resolve_strategy(
 ) -> Strategy:
     """`strategy`, or the one the older keywords describe; checked against the model.
 
-    `keywords` holds beam_size, length_penalty, temperature, top_k and top_p as passed
-    (None: not given). Giving both a strategy and any of them is refused.
+    Giving both a strategy and any of the keywords is refused.
     """
-    given = {name: value for name, value in keywords.items() if value is not None}
+    given = {name: value for name, value in keywords._asdict().items() if value is not None}
     if strategy is None:
-        strategy = strategy_from_keywords(fn, **keywords)
+        strategy = strategy_from_keywords(fn, **keywords._asdict())
         if "length_penalty" in given:  # checked as before, even where greedy ignores it
             check_penalty_range(fn, given["length_penalty"], max_new_tokens)
     elif given:
@@ -333,13 +318,7 @@ def generate_translation(
     src = check_tokens(src_tokens, cfg.vocab_size, None, f"{fn}: src_tokens")
     cfg.check_length(src.shape[1], "src_tokens")
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
-    keywords = dict(
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    keywords = Keywords(beam_size, length_penalty, temperature, top_k, top_p)
     strategy = _resolve_strategy(
         fn,
         cfg,
@@ -432,13 +411,7 @@ def generate_text(
     prompt_len = prompt.shape[1]
     lengths = check_prompt_lengths(fn, prompt, prompt_lengths, cfg.pad_id)
     check_eos_and_length(fn, cfg, eos_id, max_new_tokens)
-    keywords = dict(
-        beam_size=beam_size,
-        length_penalty=length_penalty,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-    )
+    keywords = Keywords(beam_size, length_penalty, temperature, top_k, top_p)
     strategy = _resolve_strategy(
         fn,
         cfg,

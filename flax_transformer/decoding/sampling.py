@@ -1,7 +1,8 @@
 """Choosing the next token from logits: greedy, temperature, top-k and top-p (nucleus).
 
-Pure jnp functions on float32 logits `(..., V)`; the sampling loop calls `choose_tokens`
-once per step.
+Pure jnp functions on float32 logits `(..., V)`. The strategies call them once per step
+(`Greedy`: `argmax_first`; `Sample`: `filter_logits`, then a draw); `choose_tokens` does
+either, for loops of your own.
 """
 
 from __future__ import annotations

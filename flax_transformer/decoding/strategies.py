@@ -1,8 +1,16 @@
-"""How the next token is chosen, as one value: `Greedy()`, `Sample(...)` or `Beam(...)`.
+"""How the next tokens are chosen, as one value: `Greedy()`, `Sample(...)` or `Beam(...)`.
 
 A strategy is a frozen dataclass that checks its own fields when it is built, so a
 combination that means nothing (top-k with greedy decoding, a temperature for beam search)
 cannot be written. Strategies are hashable and compare by value.
+
+A strategy also holds the behaviour its fields mean: `decode(stepper, rng, ...)` runs the
+whole generation over a `steppers.Stepper`. The strategies that choose each token from that
+step's logits alone (`Greedy`, `Sample`) derive from `TokenByToken` and define only
+`next_tokens(logits, rng)`, as Gemma's samplers define `get_next_tokens`; they share one
+loop, `search.sample_loop`. `Beam` keeps hypotheses across steps and runs
+`search.beam_search`. A new sampler is one `TokenByToken` subclass: nothing else dispatches
+on the class.
 
 They are also pytrees: what selects the compiled program (the class, `top_k`, the beam
 `size`, whether `top_p` filters at all) is the tree's structure, and the real-valued fields
@@ -20,12 +28,17 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.functional.checks import check_int
+from flax_transformer.decoding import search
+from flax_transformer.decoding.sampling import argmax_first, filter_logits
+from flax_transformer.decoding.search import LENGTH_PENALTY_BASE, LogitsHook
+from flax_transformer.decoding.steppers import Stepper
+from flax_transformer.functional.checks import check_int, is_concrete
 
 # The values that mean "off" / "the default" for the older keywords.
 DEFAULT_BEAM_SIZE = 1
@@ -61,6 +74,21 @@ def check_top_p(where: str, value: Any) -> None:
         raise ValueError(f"{where}: top_p={value!r} must be in (0, 1] (1: off).")
 
 
+def check_penalty_range(fn: str, alpha: float, max_new_tokens: int) -> None:
+    """ValueError if the GNMT penalty ((5 + n) / 6) ** alpha overflows float32 for n <= N:
+    every score would then be -0.0, and beam search would rank its hypotheses at random."""
+    if not is_concrete(alpha):
+        return
+    base = (LENGTH_PENALTY_BASE + max_new_tokens) / (LENGTH_PENALTY_BASE + 1.0)
+    largest = math.log(float(np.finfo(np.float32).max)) / math.log(base)
+    if alpha > largest:
+        raise ValueError(
+            f"{fn}: length_penalty={alpha!r} makes the length penalty ((5 + n) / 6) ** "
+            f"{alpha!r} overflow float32 by n = max_new_tokens = {max_new_tokens}, which ties "
+            f"every beam; use a length_penalty <= {largest:.1f} (GNMT uses 0.6-1.0)."
+        )
+
+
 def _set(obj: Any, **fields: Any) -> None:
     for name, value in fields.items():
         object.__setattr__(obj, name, value)  # the dataclasses are frozen
@@ -74,13 +102,79 @@ def _unchecked(cls, **fields: Any):
     return obj
 
 
+class Strategy:
+    """How a generation chooses its tokens; the base of `Greedy`, `Sample` and `Beam`.
+
+    Attributes:
+      draws: whether `decode` needs a PRNG key (the generation functions' `rng`).
+    """
+
+    draws: ClassVar[bool] = False
+
+    def check(self, fn: str, *, vocab: int, max_new_tokens: int, return_logits: bool) -> None:
+        """ValueError for what the fields alone cannot tell (the generation's V and N)."""
+
+    def decode(
+        self,
+        stepper: Stepper,
+        rng: jax.Array | None,
+        *,
+        max_new_tokens: int,
+        eos_id: jax.Array | None,
+        pad_id: int,
+        logits_hook: LogitsHook | None,
+        return_logits: bool,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """The generated tokens `(B, N)` (with `return_logits`, also the logits `(B, N, V)`).
+
+        Args:
+          stepper: the model's next-token logits, step by step.
+          rng: a PRNG key if `draws`, else None.
+          max_new_tokens, eos_id, pad_id, logits_hook, return_logits: as in
+            `search.sample_loop`.
+        """
+        raise NotImplementedError
+
+
+class TokenByToken(Strategy):
+    """A strategy that chooses each step's tokens from that step's logits alone.
+
+    Subclasses define `next_tokens`; all share one loop, `search.sample_loop`, which stops
+    each sequence at its EOS. Step i draws with the key `fold_in(rng, i)`.
+    """
+
+    def next_tokens(self, logits_BV: jax.Array, rng: jax.Array | None) -> jax.Array:
+        """int32 `(B,)`: the next token of every row, from float32 `logits_BV` `(B, V)`
+        (padding and a hook's bans already at `MASKED_LOGIT`); `rng` None unless `draws`."""
+        raise NotImplementedError
+
+    def decode(self, stepper, rng, *, return_logits, **loop):
+        def choose(logits_BV, step):
+            key = None if rng is None else jax.random.fold_in(rng, step)
+            return self.next_tokens(logits_BV, key)
+
+        return search.sample_loop(stepper, choose, return_logits=return_logits, **loop)
+
+
+@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
-class Greedy:
+class Greedy(TokenByToken):
     """The most likely token at every step (argmax; ties go to the lowest token id)."""
 
+    def next_tokens(self, logits_BV, rng):
+        return argmax_first(logits_BV)
 
+    def tree_flatten(self):
+        return (), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, leaves):
+        return cls()
+
+
+@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
-class Sample:
+class Sample(TokenByToken):
     """A token drawn from softmax(logits / temperature), optionally from the top tokens only.
 
     Needs a PRNG key: `rng=` of the generation function.
@@ -96,6 +190,8 @@ class Sample:
     temperature: float = 1.0
     top_k: int = TOP_K_OFF
     top_p: float = TOP_P_OFF
+
+    draws: ClassVar[bool] = True
 
     def __post_init__(self):
         check_real(
@@ -118,17 +214,34 @@ class Sample:
     @property
     def nucleus(self) -> float | jax.Array | None:
         """`top_p` if it filters, None if it is off: a static fact, also under `jit`."""
-        return None if _top_p_is_off(self.top_p) else self.top_p
+        # A built Sample holds a Python float; under jit a filtering top_p is a tracer (a
+        # leaf) while an off one stays the Python float 1.0 (part of the tree's structure).
+        off = isinstance(self.top_p, float) and self.top_p == TOP_P_OFF
+        return None if off else self.top_p
+
+    def check(self, fn, *, vocab, max_new_tokens, return_logits):
+        if self.top_k > vocab:
+            raise ValueError(f"{fn}: top_k={self.top_k!r} must be an int in [0, {vocab}] (0: off).")
+
+    def next_tokens(self, logits_BV, rng):
+        filtered_BV = filter_logits(
+            logits_BV, temperature=self.temperature, top_k=self.top_k, top_p=self.nucleus
+        )
+        return jax.random.categorical(rng, filtered_BV, axis=-1).astype(jnp.int32)
+
+    def tree_flatten(self):
+        return (self.temperature, self.nucleus), self.top_k
+
+    @classmethod
+    def tree_unflatten(cls, top_k, leaves):
+        temperature, nucleus = leaves
+        top_p = TOP_P_OFF if nucleus is None else nucleus
+        return _unchecked(cls, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-def _top_p_is_off(top_p: Any) -> bool:
-    # A built Sample holds a Python float; under jit a filtering top_p is a tracer (a leaf)
-    # while an off one stays the Python float 1.0 (part of the tree's structure).
-    return isinstance(top_p, float) and top_p == TOP_P_OFF
-
-
+@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
-class Beam:
+class Beam(Strategy):
     """Beam search: K = `size` live hypotheses per sequence and, apart, the K best finished
     ones, scored by log-probability divided by GNMT's length penalty
     `((5 + n) / 6) ** length_penalty` (Wu et al. 2016), n the tokens generated, EOS
@@ -152,26 +265,24 @@ class Beam:
         check_real("Beam", "length_penalty", self.length_penalty, 0.0, ">= 0 (0: none)")
         _set(self, size=int(self.size), length_penalty=float(self.length_penalty))
 
+    def check(self, fn, *, vocab, max_new_tokens, return_logits):
+        check_penalty_range(fn, self.length_penalty, max_new_tokens)
+        if return_logits:
+            raise ValueError(
+                f"{fn}: return_logits=True is for beam_size=1 (one sequence per prompt): "
+                f"Greedy() or Sample(...), not {self}."
+            )
 
-Strategy = Greedy | Sample | Beam
-STRATEGIES = (Greedy, Sample, Beam)
+    def decode(self, stepper, rng, *, return_logits, **loop):
+        del rng, return_logits  # draws nothing; `check` refuses return_logits
+        return search.beam_search(stepper, beam_size=self.size, alpha=self.length_penalty, **loop)
 
-jax.tree_util.register_pytree_node(Greedy, lambda s: ((), None), lambda _, __: Greedy())
-jax.tree_util.register_pytree_node(
-    Sample,
-    lambda s: ((s.temperature, s.nucleus), s.top_k),
-    lambda top_k, leaves: _unchecked(
-        Sample,
-        temperature=leaves[0],
-        top_k=top_k,
-        top_p=TOP_P_OFF if leaves[1] is None else leaves[1],
-    ),
-)
-jax.tree_util.register_pytree_node(
-    Beam,
-    lambda s: ((s.length_penalty,), s.size),
-    lambda size, leaves: _unchecked(Beam, size=size, length_penalty=leaves[0]),
-)
+    def tree_flatten(self):
+        return (self.length_penalty,), self.size
+
+    @classmethod
+    def tree_unflatten(cls, size, leaves):
+        return _unchecked(cls, size=size, length_penalty=leaves[0])
 
 
 def strategy_from_keywords(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.decoding.search import LENGTH_PENALTY_BASE
-from flax_transformer.decoding.strategies import STRATEGIES, Beam, Sample, is_int
+from flax_transformer.decoding.strategies import Strategy, is_int
 
 
 def _concrete(x: Any) -> bool:
@@ -57,48 +55,29 @@ def check_strategy(
     """What a strategy cannot check alone: the vocabulary, the length, the key, the outputs.
 
     Raises:
-      TypeError: `strategy` is not a `Greedy`, `Sample` or `Beam`.
-      ValueError: a top_k larger than the vocabulary; sampling without a PRNG key (or with
-        a malformed one); a beam length penalty that overflows float32 within
-        `max_new_tokens`; `return_logits` with beam search.
+      TypeError: `strategy` is not a `Strategy` (`Greedy`, `Sample`, `Beam`).
+      ValueError: what `strategy.check` refuses (a top_k larger than the vocabulary, a beam
+        length penalty that overflows float32 within `max_new_tokens`, `return_logits` with
+        beam search); a strategy that draws without a PRNG key (or with a malformed one).
     """
-    if not isinstance(strategy, STRATEGIES):
+    if not isinstance(strategy, Strategy):
         raise TypeError(
             f"{fn}: strategy={strategy!r} must be Greedy(), Sample(temperature, top_k, top_p) "
             "or Beam(size, length_penalty) (from flax_transformer), or None for the keywords."
         )
-    vocab = config.output_vocab_size
-    if isinstance(strategy, Sample) and strategy.top_k > vocab:
-        raise ValueError(f"{fn}: top_k={strategy.top_k!r} must be an int in [0, {vocab}] (0: off).")
-    if isinstance(strategy, Sample) and rng is None:
+    strategy.check(
+        fn,
+        vocab=config.output_vocab_size,
+        max_new_tokens=max_new_tokens,
+        return_logits=return_logits,
+    )
+    if strategy.draws and rng is None:
         raise ValueError(
             f"{fn}: {strategy} samples and needs a PRNG key: pass rng=jax.random.key(0), or "
             "Greedy() (temperature=0.0) for greedy decoding."
         )
-    if isinstance(strategy, Beam):
-        check_penalty_range(fn, strategy.length_penalty, max_new_tokens)
-        if return_logits:
-            raise ValueError(
-                f"{fn}: return_logits=True is for beam_size=1 (one sequence per prompt): "
-                f"Greedy() or Sample(...), not {strategy}."
-            )
     if rng is not None:
         check_rng(fn, rng)
-
-
-def check_penalty_range(fn: str, alpha: float, max_new_tokens: int) -> None:
-    """ValueError if the GNMT penalty ((5 + n) / 6) ** alpha overflows float32 for n <= N:
-    every score would then be -0.0, and beam search would rank its hypotheses at random."""
-    if not _concrete(alpha):
-        return
-    base = (LENGTH_PENALTY_BASE + max_new_tokens) / (LENGTH_PENALTY_BASE + 1.0)
-    largest = math.log(float(np.finfo(np.float32).max)) / math.log(base)
-    if alpha > largest:
-        raise ValueError(
-            f"{fn}: length_penalty={alpha!r} makes the length penalty ((5 + n) / 6) ** "
-            f"{alpha!r} overflow float32 by n = max_new_tokens = {max_new_tokens}, which ties "
-            f"every beam; use a length_penalty <= {largest:.1f} (GNMT uses 0.6-1.0)."
-        )
 
 
 def check_rng(fn: str, rng: Any) -> None:
