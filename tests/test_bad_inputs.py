@@ -476,6 +476,36 @@ def test_generation_with_debug_checks_raises_itself_and_decodes_the_same(tiny):
     np.testing.assert_array_equal(plain, checked_out)
 
 
+def test_debug_checks_under_plain_jit_names_checked(tiny):
+    """jax refuses an unfunctionalized check only when lowering, naming none of ours; the
+    models refuse it while tracing and name `checked`. Eager grad and vmap check at once."""
+    lm, variables, tokens = tiny["checked_lm"], tiny["lm_vars"], tiny["tgt"]
+
+    def loss(params, tokens):
+        return lm.apply(params, tokens).sum()
+
+    step = jax.value_and_grad(loss)
+    for fn in (jax.jit(lm.apply), jax.jit(step)):
+        with pytest.raises(ValueError, match=r"debug_checks=True .* flax_transformer\.checked"):
+            fn(variables, tokens)
+    with pytest.raises(ValueError, match=r"checked\(fn\) instead of jax\.jit"):
+        jax.jit(lambda v, p: generate_text(lm, v, p, eos_id=2, max_new_tokens=2))(variables, tokens)
+    value, _ = checked(step)(variables, tokens)  # the fix the message names
+    err, (own, _) = jax.jit(checkify.checkify(step))(variables, tokens)  # and checkify by hand
+    err.throw()
+    eager, _ = step(variables, tokens)
+    np.testing.assert_allclose(value, eager, rtol=1e-5)
+    np.testing.assert_allclose(own, eager, rtol=1e-5)
+    with pytest.raises(checkify.JaxRuntimeError, match="token ids in"):
+        checked(step)(variables, tokens + 20)
+    err, _ = jax.jit(checkify.checkify(step))(variables, tokens + 20)
+    with pytest.raises(checkify.JaxRuntimeError, match="token ids in"):
+        err.throw()
+    with pytest.raises(ValueError, match="token id 21"):  # eager grad still checks
+        jax.grad(loss)(variables, tokens + 20)
+    jax.vmap(lambda t: lm.apply(variables, t[None]))(tokens)  # eager vmap runs unrefused
+
+
 def test_extend_before_prefill_and_caches_of_the_other_model(tiny):
     cfg, model, variables = tiny["cfg"], tiny["seq2seq"], tiny["seq2seq_vars"]
     fresh = init_cache(cfg, 1, 4, source_length=4)
