@@ -46,6 +46,7 @@ from flax_transformer import (
 )
 from flax_transformer.decoding import filter_logits, init_cache
 from flax_transformer.decoding.sampling import MASKED_LOGIT
+from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.sharding import init_sharded, make_mesh
 
 KEY = jax.random.key(23)
@@ -554,6 +555,25 @@ def test_errors_name_the_argument_not_an_internal():
     model = DecoderOnlyTransformer(cfg)
     with pytest.raises(ValueError, match=r"tokens is empty.*at least one token"):
         model.init(KEY, jnp.zeros((2, 0), jnp.int32))
+
+
+def test_splash_on_a_cpu_names_the_interpret_switch():
+    """Pallas refuses a TPU kernel on the CPU only when lowering ("Only interpret mode is
+    supported on CPU backend"); the library refuses it there first, naming
+    `splash_interpret`, and a program lowered for a TPU from this CPU host keeps the kernel."""
+    q = jax.random.normal(KEY, (1, 128, 2, 8))
+
+    def splash(q):
+        return attention_op(q, q, q, None, impl="splash")[0]
+
+    def loss(q):
+        return splash(q).sum()
+
+    for fn in (splash, jax.jit(splash), jax.jit(jax.grad(loss))):
+        with pytest.raises(ValueError, match=r"attention_impl='splash' .*splash_interpret\(\)"):
+            fn(q)
+    lowered = jax.jit(jax.grad(loss)).trace(q).lower(lowering_platforms=("tpu",))
+    assert "tpu_custom_call" in lowered.as_text()
 
 
 def test_a_mesh_that_cannot_split_a_parameter_names_it():
