@@ -12,19 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.functional import AttentionMask, segment_positions
-from flax_transformer.functional.checks import is_concrete, runtime_check
+from flax_transformer.functional.checks import as_array, is_concrete, runtime_check
 
 
 def check_tokens(
     tokens: jax.Array, vocab_size: int, max_len: int, name: str, *, debug_checks: bool = False
-) -> None:
-    """Raise ValueError for a bad token array before any compute is spent.
+) -> jax.Array:
+    """Raise ValueError for a bad token array before any compute is spent; return it.
+
+    A nested Python list of ids is converted (`jnp.asarray`) and returned as an array;
+    anything else that is not an array raises TypeError naming `name`.
 
     Shape, dtype and length are checked always; the id range for concrete arrays. Under
     `jit` the ids are tracers: with `debug_checks` the range becomes a `checkify` check
     (`flax_transformer.checked` raises it); without, an id outside [0, vocab_size) embeds
     as NaN (`layers.Embed`), so the logits of its row turn NaN.
     """
+    tokens = as_array("", name, tokens)
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -50,6 +54,7 @@ def check_tokens(
             low=tokens.min(),
             high=tokens.max(),
         )
+    return tokens
 
 
 def check_token_range(ids, vocab_size: int, name: str) -> None:

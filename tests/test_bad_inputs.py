@@ -557,6 +557,38 @@ def test_errors_name_the_argument_not_an_internal():
         model.init(KEY, jnp.zeros((2, 0), jnp.int32))
 
 
+def test_lists_work_as_arrays_and_scalars_are_refused_by_name(tiny):
+    """A nested Python list where an array is expected is converted as `jnp.asarray` does;
+    a scalar, a string or a ragged list is refused naming the argument (before: an
+    AttributeError "'list' object has no attribute 'ndim'")."""
+    q, k, v = _qkv()
+    x = np.asarray(q)
+    calls = {  # name: (function, valid arguments, the argument to spoil)
+        "q": (dot_product_attention, (q, k, v), 0),
+        "x_TD": (simple_self_attention, (x,), 0),
+        "x": (lambda x, s: layer_norm(x, s, None), (x, np.ones(8, np.float32)), 0),
+        "scale": (lambda x, s: layer_norm(x, s, None), (x, np.ones(8, np.float32)), 1),
+        "w1_DF": (
+            lambda x, w1, w2: feed_forward(x, w1, None, w2, None),
+            (x, np.ones((8, 4), np.float32), np.ones((4, 8), np.float32)),
+            1,
+        ),
+        "tokens": (lambda t: tiny["lm"].apply(tiny["lm_vars"], t), (np.asarray(tiny["tgt"]),), 0),
+    }
+    for name, (fn, args, i) in calls.items():
+        want = fn(*args)
+        as_list = fn(*args[:i], np.asarray(args[i]).tolist(), *args[i + 1 :])
+        chex.assert_trees_all_close(as_list, want)
+        for bad, exc in ((2, ValueError), ("abc", TypeError), ([[1.0, 2.0], [3.0]], TypeError)):
+            with pytest.raises(exc, match=name):
+                fn(*args[:i], bad, *args[i + 1 :])
+    src, tgt = tiny["src"], tiny["tgt"]
+    got = tiny["seq2seq"].apply(tiny["seq2seq_vars"], src.tolist(), tgt.tolist())
+    chex.assert_trees_all_close(got, tiny["seq2seq"].apply(tiny["seq2seq_vars"], src, tgt))
+    with pytest.raises(ValueError, match=r"src_tokens must be int token ids of shape \(B, T\)"):
+        tiny["seq2seq"].apply(tiny["seq2seq_vars"], 3, tgt)
+
+
 def test_splash_on_a_cpu_names_the_interpret_switch():
     """Pallas refuses a TPU kernel on the CPU only when lowering ("Only interpret mode is
     supported on CPU backend"); the library refuses it there first, naming

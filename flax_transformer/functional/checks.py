@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 # The fix for the masks users bring from other libraries, quoted by every mask error:
@@ -36,6 +37,38 @@ MASK_CONVENTION = (
 def is_concrete(*xs: Any) -> bool:
     """Whether every array is a concrete value (not a tracer under `jit`/`vmap`/`grad`)."""
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def as_array(fn: str, name: str, x: Any) -> Any:
+    """`x` for a formula that reads its `.shape` and `.dtype`: jax and numpy arrays (and
+    tracers) as they are; a Python number or a nested list or tuple of numbers converted as
+    `jnp.asarray` converts it (so `[[1, 2]]` is an int32 `(1, 2)` array, `2.0` a float32
+    scalar, which the caller's shape check then refuses by name); anything else, or a
+    ragged list, a TypeError naming `name` (after `fn: `, where `fn` is given) and the fix."""
+    if isinstance(x, jax.Array | np.ndarray | np.generic):
+        return x
+    where = f"{fn}: " if fn else ""
+    if isinstance(x, numbers.Number | list | tuple):
+        try:
+            return jnp.asarray(x)
+        except (TypeError, ValueError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TypeError(
+                f"{where}{name} is a {type(x).__name__} that is not a rectangular array of "
+                f"numbers ({why}); pass a jnp or np array."
+            ) from None
+    raise TypeError(
+        f"{where}{name} must be an array (a jnp or np array, or a nested list of numbers), "
+        f"got {type(x).__name__}; pass jnp.asarray(...) of it."
+    )
+
+
+def as_features(fn: str, name: str, x: Any) -> Any:
+    """`as_array(fn, name, x)`, or ValueError for a scalar: `(..., D)` needs a feature axis."""
+    x = as_array(fn, name, x)
+    if not x.ndim:
+        raise ValueError(f"{fn}: {name} must have a feature axis (..., D), got a scalar.")
+    return x
 
 
 def check_floating(fn: str, name: str, x: jax.Array) -> None:
