@@ -13,8 +13,7 @@ Layers of the package (imports point down only: a module imports only from those
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
 Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes, the
 rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
-them) and checked (checkify around jit; imports jax
-only).
+them) and checked (checkify around jit; imports jax and functional's checks only).
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,

@@ -23,6 +23,8 @@ from typing import Any
 import jax
 from jax.experimental import checkify
 
+from flax_transformer.functional.checks import functionalizing
+
 
 def _static(value: Any) -> bool:
     """Python values that select a program rather than feed it (`deterministic=True`,
@@ -62,7 +64,8 @@ def checked(fn: Callable) -> Callable:
         if key not in compiled:
             bound = functools.partial(fn, **static)
             compiled[key] = jax.jit(checkify.checkify(bound, errors=checkify.user_checks))
-        err, out = compiled[key](*args, **dynamic)
+        with functionalizing():  # a first call traces fn here
+            err, out = compiled[key](*args, **dynamic)
         err.throw()
         return out
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.functional import AttentionMask, segment_positions
-from flax_transformer.functional.checks import is_concrete, runtime_check
+from flax_transformer.functional.checks import as_array, is_concrete, runtime_check
 
 
 def check_tokens(
@@ -24,7 +24,10 @@ def check_tokens(
     *,
     debug_checks: bool = False,
 ) -> jax.Array:
-    """Raise ValueError for a bad token array before any compute is spent.
+    """Raise ValueError for a bad token array before any compute is spent; return it.
+
+    A nested Python list of ids is converted (`jnp.asarray`) and returned as an array;
+    anything else that is not an array raises TypeError naming `name`.
 
     Shape, dtype and length are checked always; the id range for concrete arrays. Under
     `jit` the ids are tracers: with `debug_checks` the range becomes a `checkify` check
@@ -43,7 +46,7 @@ def check_tokens(
     Returns:
         The ids as an int32 array.
     """
-    tokens = jnp.asarray(tokens)
+    tokens = as_array("", name, tokens)
     if tokens.ndim != 2:
         raise ValueError(f"{name} must be int token ids of shape (B, T), got {tokens.shape=}.")
     if not jnp.issubdtype(tokens.dtype, jnp.integer):

@@ -31,7 +31,7 @@ from flax import linen as nn
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.config import TransformerConfig
 from flax_transformer.decoding.cache import cache_length, check_cache_kind, check_cache_room
-from flax_transformer.functional.checks import is_concrete, runtime_check
+from flax_transformer.functional.checks import as_array, is_concrete, runtime_check
 from flax_transformer.inputs import (
     check_packing,
     check_segment_ids,
@@ -53,7 +53,7 @@ def _extend_decoder(
 ) -> tuple[jax.Array, dict]:
     """Run `tokens_BT` through `decoder` over `cache`: the body of both models' `extend`."""
     checks = config.debug_checks
-    check_tokens(tokens_BT, vocab_size, config.max_len, "tokens", debug_checks=checks)
+    tokens_BT = check_tokens(tokens_BT, vocab_size, config.max_len, "tokens", debug_checks=checks)
     batch, length = tokens_BT.shape
     index_B = cache["index"]
     if jnp.shape(index_B) != (batch,):
@@ -140,7 +140,9 @@ class Transformer(nn.Module):
         """
         cfg = self.config
         checks = cfg.debug_checks
-        check_tokens(src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks)
+        src_BS = check_tokens(
+            src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks
+        )
         names = ("src_tokens", "src_segment_ids", "src_positions")
         positions_BS = check_packing(
             src_BS,
@@ -179,7 +181,9 @@ class Transformer(nn.Module):
         """
         cfg = self.config
         checks = cfg.debug_checks
-        check_tokens(tgt_BT, cfg.output_vocab_size, cfg.max_len, "tgt_tokens", debug_checks=checks)
+        vocab = cfg.output_vocab_size
+        tgt_BT = check_tokens(tgt_BT, vocab, cfg.max_len, "tgt_tokens", debug_checks=checks)
+        src_BS = as_array("Transformer.decode", "src_tokens", src_BS)
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
         names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
@@ -229,7 +233,10 @@ class Transformer(nn.Module):
         1, 2, ... the examples, the same id for an example's source and target); positions
         default to restarting at 0 in each segment.
         """
-        if src_BS.shape[:1] != tgt_BT.shape[:1]:
+        src_BS = as_array("Transformer", "src_tokens", src_BS)
+        tgt_BT = as_array("Transformer", "tgt_tokens", tgt_BT)
+        # Another rank is named by encode/decode's token checks.
+        if src_BS.ndim == tgt_BT.ndim == 2 and src_BS.shape[0] != tgt_BT.shape[0]:
             raise ValueError(
                 f"src and tgt need the same batch size: {src_BS.shape=}, {tgt_BT.shape=}."
             )
@@ -279,6 +286,8 @@ class Transformer(nn.Module):
         """
         cfg = self.config
         check_cache_kind(cache, True, "Transformer.prefill", cfg)
+        src_BS = as_array("Transformer.prefill", "src_tokens", src_BS)
+        tgt_BT = as_array("Transformer.prefill", "tgt_tokens", tgt_BT)
         if cache["source_mask"].shape != src_BS.shape:
             raise ValueError(
                 f"Transformer.prefill: the cache was built for sources of shape "
@@ -351,7 +360,9 @@ class DecoderOnlyTransformer(nn.Module):
         """
         cfg = self.config
         checks = cfg.debug_checks
-        check_tokens(tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks)
+        tokens_BT = check_tokens(
+            tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks
+        )
         names = ("tokens", "segment_ids", "positions")
         positions_BT = check_packing(
             tokens_BT,

@@ -46,6 +46,7 @@ from flax_transformer import (
 )
 from flax_transformer.decoding import filter_logits, init_cache
 from flax_transformer.decoding.sampling import MASKED_LOGIT
+from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.sharding import init_sharded, make_mesh
 
 KEY = jax.random.key(23)
@@ -538,6 +539,36 @@ def test_generation_with_debug_checks_raises_itself_and_decodes_the_same(tiny):
     np.testing.assert_array_equal(plain, checked_out)
 
 
+def test_debug_checks_under_plain_jit_names_checked(tiny):
+    """jax refuses an unfunctionalized check only when lowering, naming none of ours; the
+    models refuse it while tracing and name `checked`. Eager grad and vmap check at once."""
+    lm, variables, tokens = tiny["checked_lm"], tiny["lm_vars"], tiny["tgt"]
+
+    def loss(params, tokens):
+        return lm.apply(params, tokens).sum()
+
+    step = jax.value_and_grad(loss)
+    for fn in (jax.jit(lm.apply), jax.jit(step)):
+        with pytest.raises(ValueError, match=r"debug_checks=True .* flax_transformer\.checked"):
+            fn(variables, tokens)
+    with pytest.raises(ValueError, match=r"checked\(fn\) instead of jax\.jit"):
+        jax.jit(lambda v, p: generate_text(lm, v, p, eos_id=2, max_new_tokens=2))(variables, tokens)
+    value, _ = checked(step)(variables, tokens)  # the fix the message names
+    err, (own, _) = jax.jit(checkify.checkify(step))(variables, tokens)  # and checkify by hand
+    err.throw()
+    eager, _ = step(variables, tokens)
+    np.testing.assert_allclose(value, eager, rtol=1e-5)
+    np.testing.assert_allclose(own, eager, rtol=1e-5)
+    with pytest.raises(checkify.JaxRuntimeError, match="token ids in"):
+        checked(step)(variables, tokens + 20)
+    err, _ = jax.jit(checkify.checkify(step))(variables, tokens + 20)
+    with pytest.raises(checkify.JaxRuntimeError, match="token ids in"):
+        err.throw()
+    with pytest.raises(ValueError, match="token id 21"):  # eager grad still checks
+        jax.grad(loss)(variables, tokens + 20)
+    jax.vmap(lambda t: lm.apply(variables, t[None]))(tokens)  # eager vmap runs unrefused
+
+
 def test_extend_before_prefill_and_caches_of_the_other_model(tiny):
     cfg, model, variables = tiny["cfg"], tiny["seq2seq"], tiny["seq2seq_vars"]
     fresh = init_cache(cfg, 1, 4, source_length=4)
@@ -586,6 +617,57 @@ def test_errors_name_the_argument_not_an_internal():
     model = DecoderOnlyTransformer(cfg)
     with pytest.raises(ValueError, match=r"tokens is empty.*at least one token"):
         model.init(KEY, jnp.zeros((2, 0), jnp.int32))
+
+
+def test_lists_work_as_arrays_and_scalars_are_refused_by_name(tiny):
+    """A nested Python list where an array is expected is converted as `jnp.asarray` does;
+    a scalar, a string or a ragged list is refused naming the argument (before: an
+    AttributeError "'list' object has no attribute 'ndim'")."""
+    q, k, v = _qkv()
+    x = np.asarray(q)
+    calls = {  # name: (function, valid arguments, the argument to spoil)
+        "q": (dot_product_attention, (q, k, v), 0),
+        "x_TD": (simple_self_attention, (x,), 0),
+        "x": (lambda x, s: layer_norm(x, s, None), (x, np.ones(8, np.float32)), 0),
+        "scale": (lambda x, s: layer_norm(x, s, None), (x, np.ones(8, np.float32)), 1),
+        "w1_DF": (
+            lambda x, w1, w2: feed_forward(x, w1, None, w2, None),
+            (x, np.ones((8, 4), np.float32), np.ones((4, 8), np.float32)),
+            1,
+        ),
+        "tokens": (lambda t: tiny["lm"].apply(tiny["lm_vars"], t), (np.asarray(tiny["tgt"]),), 0),
+    }
+    for name, (fn, args, i) in calls.items():
+        want = fn(*args)
+        as_list = fn(*args[:i], np.asarray(args[i]).tolist(), *args[i + 1 :])
+        chex.assert_trees_all_close(as_list, want)
+        for bad, exc in ((2, ValueError), ("abc", TypeError), ([[1.0, 2.0], [3.0]], TypeError)):
+            with pytest.raises(exc, match=name):
+                fn(*args[:i], bad, *args[i + 1 :])
+    src, tgt = tiny["src"], tiny["tgt"]
+    got = tiny["seq2seq"].apply(tiny["seq2seq_vars"], src.tolist(), tgt.tolist())
+    chex.assert_trees_all_close(got, tiny["seq2seq"].apply(tiny["seq2seq_vars"], src, tgt))
+    with pytest.raises(ValueError, match=r"src_tokens must be int token ids of shape \(B, T\)"):
+        tiny["seq2seq"].apply(tiny["seq2seq_vars"], 3, tgt)
+
+
+def test_splash_on_a_cpu_names_the_interpret_switch():
+    """Pallas refuses a TPU kernel on the CPU only when lowering ("Only interpret mode is
+    supported on CPU backend"); the library refuses it there first, naming
+    `splash_interpret`, and a program lowered for a TPU from this CPU host keeps the kernel."""
+    q = jax.random.normal(KEY, (1, 128, 2, 8))
+
+    def splash(q):
+        return attention_op(q, q, q, None, impl="splash")[0]
+
+    def loss(q):
+        return splash(q).sum()
+
+    for fn in (splash, jax.jit(splash), jax.jit(jax.grad(loss))):
+        with pytest.raises(ValueError, match=r"attention_impl='splash' .*splash_interpret\(\)"):
+            fn(q)
+    lowered = jax.jit(jax.grad(loss)).trace(q).lower(lowering_platforms=("tpu",))
+    assert "tpu_custom_call" in lowered.as_text()
 
 
 def test_a_mesh_that_cannot_split_a_parameter_names_it():

@@ -35,8 +35,7 @@ from flax_transformer.decoding.validation import (
     check_strategy,
     unbox_params,
 )
-from flax_transformer.functional.checks import is_concrete
-from flax_transformer.inputs import check_tokens
+from flax_transformer.functional.checks import functionalizing, is_concrete
 
 # Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
@@ -163,7 +162,8 @@ def _run(model, params, prompt: Prompt, strategy: Strategy, rng, program: Decode
     rng = rng if strategy.draws else None  # greedy and beams draw nothing
     concrete = is_concrete(*jax.tree.leaves((prompt.tokens, prompt.lengths, params)))
     if model.config.debug_checks and concrete:
-        err, out = _checked_generate(model, program)(params, prompt, strategy, rng)
+        with functionalizing():  # a first call traces the program here
+            err, out = _checked_generate(model, program)(params, prompt, strategy, rng)
         err.throw()
         return out
     return _generate(model, params, prompt, strategy, rng, program=program)

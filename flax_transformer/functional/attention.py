@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.functional.checks import (
+    as_array,
     check_bool_mask,
     check_floating,
     check_number,
@@ -148,6 +149,7 @@ def dot_product_attention(
       ValueError: wrong ranks or shapes; dropout_rate outside [0, 1); a non-finite scale.
     """
     fn = "dot_product_attention"
+    q, k, v = as_array(fn, "q", q), as_array(fn, "k", k), as_array(fn, "v", v)
     for name, x in (("q", q), ("k", k), ("v", v)):
         _check_rank(name, x, 2)
         check_floating(fn, name, x)
@@ -242,6 +244,9 @@ def multi_head_attention(
       inputs).
     """
     fn = "multi_head_attention"
+    q_BTNH = as_array(fn, "q_BTNH", q_BTNH)
+    k_BSNH = as_array(fn, "k_BSNH", k_BSNH)
+    v_BSNH = as_array(fn, "v_BSNH", v_BSNH)
     for name, x in (("q_BTNH", q_BTNH), ("k_BSNH", k_BSNH), ("v_BSNH", v_BSNH)):
         _check_rank(name, x, 4)
         check_floating(fn, name, x)
@@ -345,6 +350,7 @@ def simple_self_attention(x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
     Returns:
       `(context (T, D), weights (T, T))`.
     """
+    x_TD = as_array("simple_self_attention", "x_TD", x_TD)
     _check_rank("x_TD", x_TD, 2)
     check_floating("simple_self_attention", "x_TD", x_TD)
     return dot_product_attention(x_TD, x_TD, x_TD, scale=1.0)

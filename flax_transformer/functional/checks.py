@@ -12,12 +12,17 @@ value. Each message names the argument, what it got, and the fix.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 # The fix for the masks users bring from other libraries, quoted by every mask error:
@@ -32,6 +37,38 @@ MASK_CONVENTION = (
 def is_concrete(*xs: Any) -> bool:
     """Whether every array is a concrete value (not a tracer under `jit`/`vmap`/`grad`)."""
     return not any(isinstance(x, jax.core.Tracer) for x in xs)
+
+
+def as_array(fn: str, name: str, x: Any) -> Any:
+    """`x` for a formula that reads its `.shape` and `.dtype`: jax and numpy arrays (and
+    tracers) as they are; a Python number or a nested list or tuple of numbers converted as
+    `jnp.asarray` converts it (so `[[1, 2]]` is an int32 `(1, 2)` array, `2.0` a float32
+    scalar, which the caller's shape check then refuses by name); anything else, or a
+    ragged list, a TypeError naming `name` (after `fn: `, where `fn` is given) and the fix."""
+    if isinstance(x, jax.Array | np.ndarray | np.generic):
+        return x
+    where = f"{fn}: " if fn else ""
+    if isinstance(x, numbers.Number | list | tuple):
+        try:
+            return jnp.asarray(x)
+        except (TypeError, ValueError) as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise TypeError(
+                f"{where}{name} is a {type(x).__name__} that is not a rectangular array of "
+                f"numbers ({why}); pass a jnp or np array."
+            ) from None
+    raise TypeError(
+        f"{where}{name} must be an array (a jnp or np array, or a nested list of numbers), "
+        f"got {type(x).__name__}; pass jnp.asarray(...) of it."
+    )
+
+
+def as_features(fn: str, name: str, x: Any) -> Any:
+    """`as_array(fn, name, x)`, or ValueError for a scalar: `(..., D)` needs a feature axis."""
+    x = as_array(fn, name, x)
+    if not x.ndim:
+        raise ValueError(f"{fn}: {name} must have a feature axis (..., D), got a scalar.")
+    return x
 
 
 def check_floating(fn: str, name: str, x: jax.Array) -> None:
@@ -125,13 +162,78 @@ def check_width(fn: str, name: str, param: jax.Array | None, width: int) -> None
         )
 
 
+# Set while `checked` (or generation with debug_checks) traces a function it functionalizes.
+_FUNCTIONALIZING = contextvars.ContextVar("flax_transformer_functionalizing", default=False)
+
+# What `runtime_check` says when an enabled check is staged where nothing functionalizes it.
+UNFUNCTIONALIZED = (
+    "TransformerConfig.debug_checks=True stages checks of traced values (token ids, "
+    "positions, cache room, prompt lengths) into the program, and plain jax.jit cannot run "
+    "them (jax would fail later with 'a checkify.check which was not functionalized'): jit "
+    "the function with flax_transformer.checked(fn) instead of jax.jit(fn); it can wrap a "
+    "whole step, e.g. checked(jax.value_and_grad(loss_fn))(params, batch), or your own "
+    "jax.jit(jax.experimental.checkify.checkify(fn)). Or build the model with "
+    "debug_checks=False to trace it unchecked. (The check staged here: {message})"
+)
+
+
+@contextlib.contextmanager
+def functionalizing() -> Iterator[None]:
+    """Mark the code traced inside as functionalized by checkify (`checked`, generation)."""
+    token = _FUNCTIONALIZING.set(True)
+    try:
+        yield
+    finally:
+        _FUNCTIONALIZING.reset(token)
+
+
+def _traces(x: Any) -> Iterator[Any]:
+    """The traces `x` is being traced by, innermost first (none for a concrete array).
+
+    jax's tracers carry their trace, and each trace its parent; private attributes, read
+    with getattr so that a jax without them yields nothing (and `runtime_check` then
+    leaves the error to jax, as before).
+    """
+    trace = getattr(x, "_trace", None)
+    while trace is not None:
+        yield trace
+        trace = getattr(trace, "parent_trace", None)
+
+
+def _staged_unfunctionalized(predicate: Any) -> bool:
+    """Whether a check on `predicate` would be staged (jit, scan) with no checkify around.
+
+    Eager calls, eager `vmap` and eager `grad` run a check at once: nothing is staged.
+    """
+    # jax's flag that runs unfunctionalized checks as host callbacks (CPU and GPU only).
+    runtime_errors = getattr(jax.config, "jax_experimental_unsafe_xla_runtime_errors", False)
+    if _FUNCTIONALIZING.get() or runtime_errors:
+        return False
+    staged = False
+    for trace in _traces(predicate):
+        debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
+        if getattr(debug_info, "traced_for", None) == "checkify":
+            return False  # the caller's own checkify.checkify
+        staged = staged or type(trace).__name__ == "DynamicJaxprTrace"
+    return staged
+
+
 def runtime_check(enabled: bool, predicate: jax.Array, message: str, **values: Any) -> None:
     """Check a condition on traced values: a `checkify` check when `enabled`, else nothing.
 
     `message` is formatted with `values` by checkify (`{name}` fields) when the check fails.
     Run the enclosing jitted function through `flax_transformer.checked` (or
-    `jax.experimental.checkify.checkify`) to get the error raised; without that, jax refuses
-    to stage an enabled check ("a checkify.check which was not functionalized").
+    `jax.jit(jax.experimental.checkify.checkify(fn))`) to get the error raised.
+
+    Raises:
+      ValueError: `enabled` and the check is being staged (under `jax.jit`, `lax.scan`)
+        with neither around it: jax itself would refuse it only when lowering, with an
+        error that does not name `checked`.
     """
-    if enabled:
-        checkify.check(jnp.all(predicate), message, **values)
+    if not enabled:
+        return
+    predicate = jnp.all(predicate)
+    if _staged_unfunctionalized(predicate):
+        unfilled = re.sub(r"\{\w+\}", "...", message)  # checkify fills {low}, {high}
+        raise ValueError(UNFUNCTIONALIZED.format(message=unfilled))
+    checkify.check(predicate, message, **values)

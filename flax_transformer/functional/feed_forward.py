@@ -8,8 +8,13 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import check_floating, check_width
+from flax_transformer.functional.checks import as_array, as_features, check_floating, check_width
 from flax_transformer.functional.projection import project
+
+
+def _arrays(fn: str, **arrays) -> tuple:
+    """The arguments as arrays (nested lists converted, `as_array`), None kept."""
+    return tuple(None if a is None else as_array(fn, name, a) for name, a in arrays.items())
 
 
 def _check_kernels(fn: str, x, w_in, w_out, names: tuple[str, str], biases: dict) -> None:
@@ -54,13 +59,18 @@ def feed_forward(
     Raises:
       TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
     """
+    x_TD, w1_DF, b1_F, w2_FD, b2_D = _arrays(
+        "feed_forward", x_TD=x_TD, w1_DF=w1_DF, b1_F=b1_F, w2_FD=w2_FD, b2_D=b2_D
+    )
+    x_TD = as_features("feed_forward", "x_TD", x_TD)
+    hidden = jnp.shape(w1_DF)[-1] if jnp.ndim(w1_DF) else None  # a scalar: _check_kernels says
     _check_kernels(
         "feed_forward",
         x_TD,
         w1_DF,
         w2_FD,
         ("w1_DF", "w2_FD"),
-        {"b1_F": (b1_F, jnp.shape(w1_DF)[-1]), "b2_D": (b2_D, jnp.shape(x_TD)[-1])},
+        {"b1_F": (b1_F, hidden), "b2_D": (b2_D, jnp.shape(x_TD)[-1])},
     )
     h = project(x_TD, w1_DF)
     if b1_F is not None:
@@ -100,6 +110,9 @@ def gated_feed_forward(
     Raises:
       TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
     """
+    fn = "gated_feed_forward"
+    x_TD, wg_DF, wu_DF, wd_FD = _arrays(fn, x_TD=x_TD, wg_DF=wg_DF, wu_DF=wu_DF, wd_FD=wd_FD)
+    x_TD = as_features(fn, "x_TD", x_TD)
     if jnp.shape(wg_DF) != jnp.shape(wu_DF):
         raise ValueError(
             f"gated_feed_forward: wg_DF {jnp.shape(wg_DF)} and wu_DF {jnp.shape(wu_DF)} must "
@@ -107,7 +120,11 @@ def gated_feed_forward(
         )
     if biases is not None and len(biases) != 3:
         raise ValueError("gated_feed_forward: biases must be (bg (F,), bu (F,), bd (D,)) or None.")
-    bg, bu, bd = (None, None, None) if biases is None else biases
+    bg, bu, bd = (
+        (None, None, None)
+        if biases is None
+        else _arrays(fn, bg=biases[0], bu=biases[1], bd=biases[2])
+    )
     hidden, width = jnp.shape(wg_DF)[-1], jnp.shape(x_TD)[-1]
     _check_kernels(
         "gated_feed_forward",
@@ -120,8 +137,8 @@ def gated_feed_forward(
     gate = project(x_TD, wg_DF)
     up = project(x_TD, wu_DF)
     if biases is not None:
-        gate, up = gate + biases[0], up + biases[1]
+        gate, up = gate + bg, up + bu
     y = project(activation(gate) * up, wd_FD)
     if biases is not None:
-        y = y + biases[2]
+        y = y + bd
     return y

@@ -5,7 +5,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import check_floating, check_number, check_width
+from flax_transformer.functional.checks import (
+    as_array,
+    as_features,
+    check_floating,
+    check_number,
+    check_width,
+)
 
 # torch.nn.LayerNorm's default epsilon, also the value of the 2017 reference implementations.
 LAYER_NORM_EPS = 1e-5
@@ -41,7 +47,7 @@ def layer_norm(
       TypeError: x is not floating (an int result would be truncated).
       ValueError: eps is not a finite number > 0, or scale/bias is not `(D,)`.
     """
-    _check_norm_args("layer_norm", x, eps, scale=scale, bias=bias)
+    x, scale, bias = _check_norm_args("layer_norm", x, eps, scale=scale, bias=bias)
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     centred = x32 - mean
@@ -81,7 +87,7 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -
       TypeError: x is not floating.
       ValueError: eps is not a finite number > 0, or scale is not `(D,)`.
     """
-    _check_norm_args("rms_norm", x, eps, scale=scale)
+    x, scale = _check_norm_args("rms_norm", x, eps, scale=scale)
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
     if scale is not None:
@@ -89,12 +95,14 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -
     return y.astype(x.dtype)
 
 
-def _check_norm_args(fn: str, x: jax.Array, eps: float, **params: jax.Array | None) -> None:
-    """The checks both norms share: a floating x of rank >= 1, eps > 0, `(D,)` parameters."""
-    x = jnp.asarray(x)
-    if x.ndim < 1:
-        raise ValueError(f"{fn}: x must have a feature axis (..., D), got a scalar.")
+def _check_norm_args(fn: str, x: jax.Array, eps: float, **params: jax.Array | None) -> tuple:
+    """The checks both norms share: a floating x of rank >= 1, eps > 0, `(D,)` parameters.
+
+    Returns `(x, *params)` as arrays (nested lists converted, `as_array`), None kept."""
+    x = as_features(fn, "x", x)
     check_floating(fn, "x", x)
     check_number(fn, "eps", eps, low=0.0, low_open=True)
-    for name, param in params.items():
+    arrays = {name: None if p is None else as_array(fn, name, p) for name, p in params.items()}
+    for name, param in arrays.items():
         check_width(fn, name, param, x.shape[-1])
+    return (x, *arrays.values())

@@ -42,7 +42,7 @@ from flax import linen as nn
 from flax_transformer import axes
 from flax_transformer.functional import apply_rope, project
 from flax_transformer.functional.attention import check_dropout
-from flax_transformer.functional.checks import check_floating, check_int
+from flax_transformer.functional.checks import as_array, check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
@@ -146,6 +146,8 @@ class MultiHeadAttention(nn.Module):
           `(B, T, D)` in `dtype`; with a `cache`, the pair `(output, updated cache)`.
         """
         fn = "MultiHeadAttention"
+        x_q = as_array(fn, "x_q", x_q)
+        x_kv = None if x_kv is None else as_array(fn, "x_kv", x_kv)
         batch, q_len, width = self._check_call(fn, x_q, x_kv, cache)
         head_dim = width // self.num_heads
         q_BTNH, k_BSKH, v_BSKH = self._project_heads(x_q, x_kv, cache is not None)

@@ -31,6 +31,7 @@ from flax_transformer import axes
 from flax_transformer.functional import AttentionMask, broadcast_mask
 from flax_transformer.functional.attention import grouped_heads_attention
 from flax_transformer.functional.masks import as_dense
+from flax_transformer.layers.platform_guard import refuse_on_cpu
 
 IMPLEMENTATIONS = ("xla", "jax_nn", "splash", "cudnn")
 
@@ -229,6 +230,14 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask, fn):
     batch, q_len, num_heads, head_dim = q_BTNH.shape
     kv_len, kv_heads = k_BSKH.shape[1], k_BSKH.shape[2]
     block = _splash_block(fn, q_len, kv_len)
+    if not _SPLASH_INTERPRET.get():  # Pallas would say only "Only interpret mode ... on CPU"
+        q_BTNH = refuse_on_cpu(
+            q_BTNH,
+            f"{fn}: attention_impl='splash' is a Pallas TPU kernel, and this program is "
+            "compiled for a CPU; use attention_impl='xla' (or 'jax_nn') there, or trace the "
+            "call inside flax_transformer.layers.attention_op.splash_interpret() to run it "
+            "in Pallas's interpreter (slow: for tests).",
+        )
     causal = mask is not None and mask.causal
     shape = (q_len, kv_len)
     head_mask = splash.CausalMask(shape) if causal else splash.FullMask(shape)

@@ -10,6 +10,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.functional import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
+from flax_transformer.functional.checks import as_features
 from flax_transformer.layers.initializers import ones_init, partitioned, zeros_init
 
 
@@ -34,6 +35,7 @@ class LayerNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x `(..., D)` -> `(..., D)`."""
+        x = as_features("LayerNorm", "x", x)
         width = x.shape[-1]
         scale = self.param(
             "scale", partitioned(ones_init, (axes.EMBED,)), (width,), self.param_dtype
@@ -63,6 +65,7 @@ class RMSNorm(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         """x `(..., D)` -> `(..., D)`."""
+        x = as_features("RMSNorm", "x", x)
         scale = self.param(
             "scale", partitioned(ones_init, (axes.EMBED,)), (x.shape[-1],), self.param_dtype
         )
