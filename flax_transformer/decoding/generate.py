@@ -36,6 +36,7 @@ from flax_transformer.decoding.validation import (
     unbox_params,
 )
 from flax_transformer.functional.checks import functionalizing, is_concrete
+from flax_transformer.inputs import check_tokens
 
 # Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
 DECODE_DTYPES = ("float32", "bfloat16", "float16")
