@@ -151,8 +151,9 @@ class DecodeOptions:
         return Greedy()
 
 
-def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
-    ids = ids.tolist()
+def cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
+    """The ids `(T,)` of one generated row before its first `eos_id` (all when it has none)."""
+    ids = np.asarray(ids).tolist()
     return ids[: ids.index(eos_id)] if eos_id in ids else ids
 
 
@@ -218,7 +219,7 @@ def translate(
         )
         generated = np.asarray(jax.device_get(generated))
         for row, index in enumerate(chunk):
-            outputs[index] = tokenizer.decode(_cut_at_eos(generated[row], tokenizer.eos_id))
+            outputs[index] = tokenizer.decode(cut_at_eos(generated[row], tokenizer.eos_id))
     return outputs
 
 
@@ -275,7 +276,7 @@ def sample_text(
     )
     generated = np.asarray(jax.device_get(generated))
     return [
-        tokenizer.decode(row[1:] + _cut_at_eos(generated[i], tokenizer.eos_id))
+        tokenizer.decode(row[1:] + cut_at_eos(generated[i], tokenizer.eos_id))
         for i, row in enumerate(rows)
     ]
 
