@@ -13,7 +13,8 @@ from matplotlib import image as mpimg
 from matplotlib import pyplot as plt
 
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
-from train import attention_figures, attention_recording
+from train import attention_figures, attention_recording, visualize
+from train.tasks import get_task, task_of
 from train.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ByteTokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -133,6 +134,26 @@ def test_token_labels_fall_back_to_ids_without_cjk_font():
     labels = attention_figures.token_labels(["\u2581In", "神", ""], [40, 41, 42], cjk_font=None)
     assert labels == ["_In", "#41", "#42"]
     assert attention_figures.token_labels(["神"], [41], cjk_font="IPAGothic") == ["神"]
+
+
+def test_the_runs_task_says_what_the_text_is_and_whether_a_target_may_be_given():
+    """The CLI asks the run's Task, not the model's class: a translation's text is the
+    source, a language model's the prompt; only translation takes --target."""
+    tok, model, lm_model = (
+        ByteTokenizer(),
+        Transformer(_config()),
+        DecoderOnlyTransformer(_config()),
+    )
+    translation, lm = get_task("translation"), get_task("lm")
+    assert translation.shown_prompt(tok, [70, 71]) == ([70, 71], [BOS_ID])
+    assert lm.shown_prompt(tok, [70, 71]) == (None, [BOS_ID, 70, 71])
+    assert visualize.given_target_ids(translation, model, tok, "ab", "c") == (
+        tok.encode("ab"),
+        [BOS_ID, *tok.encode("c")],
+    )
+    with pytest.raises(ValueError, match="--target is for translation runs"):
+        visualize.given_target_ids(lm, lm_model, tok, "ab", "c")
+    assert task_of(model) is translation and task_of(lm_model) is lm
 
 
 def test_tick_labels_name_the_special_ids():
