@@ -20,7 +20,7 @@ from flax import linen as nn
 from configs import default
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer.functional.attention import MASK_VALUE
-from train import config_lib, visualize
+from train import attention_recording, config_lib, explorer, visualize
 from train.checkpoint import TrainedModel
 from train.tokenizer import ByteTokenizer
 
@@ -53,7 +53,7 @@ def _translation():
     tok = ByteTokenizer()
     src = tok.encode("初めに言")
     tgt = [tok.bos_id, *tok.encode("In the")]
-    maps = visualize.attention_maps(model, params, jnp.asarray([src]), jnp.asarray([tgt]))
+    maps = attention_recording.attention_maps(model, params, jnp.asarray([src]), jnp.asarray([tgt]))
     return model, params, tok, src, tgt, maps
 
 
@@ -69,14 +69,14 @@ def _language_model():
         tok,
         None,
         ids,
-        visualize.attention_maps(model, params, jnp.asarray([ids])),
+        attention_recording.attention_maps(model, params, jnp.asarray([ids])),
     )
 
 
 def test_payload_holds_the_sown_weights_and_pieces():
     model, params, tok, src, tgt, maps = _translation()
-    payload = visualize.explorer_payload(model, params, tok, src, tgt)
-    assert [a["name"] for a in payload["attention"]] == list(visualize.ATTENTION_KINDS)
+    payload = explorer.explorer_payload(model, params, tok, src, tgt)
+    assert [a["name"] for a in payload["attention"]] == list(attention_recording.ATTENTION_KINDS)
     for att in payload["attention"]:
         np.testing.assert_allclose(att["weights"], maps[att["name"]], atol=WEIGHT_TOLERANCE)
     assert payload["sides"]["source"]["pieces"][:2] == ["<0xE5>", "<0x88>"]
@@ -106,9 +106,15 @@ def test_recorded_queries_and_keys_give_the_sown_weights(model_cls, changes):
     model = model_cls(_config(init_std=0.3, **changes))
     src, tgt = jnp.asarray([[5, 6, 7, 8, 0]]), jnp.asarray([[1, 9, 10]])  # source padding
     inputs = (tgt,) if model_cls is DecoderOnlyTransformer else (src, tgt)
-    record = visualize.attention_record(model, model.init(jax.random.key(2), *inputs), *inputs)
+    record = attention_recording.attention_record(
+        model, model.init(jax.random.key(2), *inputs), *inputs
+    )
     assert record["logits"].shape == (3, 260)
-    kinds = ["decoder_self"] if model_cls is DecoderOnlyTransformer else visualize.ATTENTION_KINDS
+    kinds = (
+        ["decoder_self"]
+        if model_cls is DecoderOnlyTransformer
+        else attention_recording.ATTENTION_KINDS
+    )
     assert sorted(record) == sorted([*kinds, "logits"])
     for name in kinds:
         kind = record[name]
@@ -129,29 +135,29 @@ def test_params_or_the_whole_variables_dict_give_the_same_page(tmp_path):
     model, params, tok, src, tgt, _ = _translation()
     boxed = model.init(jax.random.key(0), jnp.ones((1, 4), jnp.int32), jnp.ones((1, 4), jnp.int32))
     pages = [
-        visualize.render_explorer(model, given, tok, src, tgt, tmp_path / f"{i}.html").read_text()
+        explorer.render_explorer(model, given, tok, src, tgt, tmp_path / f"{i}.html").read_text()
         for i, given in enumerate((params, boxed, {"params": params}))
     ]
     assert pages[0] == pages[1] == pages[2]
     with pytest.raises(ValueError, match="params lack"):
-        visualize.render_explorer(model, {"params": {}}, tok, src, tgt, tmp_path / "x.html")
+        explorer.render_explorer(model, {"params": {}}, tok, src, tgt, tmp_path / "x.html")
 
 
 def test_generated_targets_are_marked_generated():
     model, params, tok, src, tgt, _ = _translation()
-    payload = visualize.explorer_payload(model, params, tok, src, tgt, prompt_length=1)
+    payload = explorer.explorer_payload(model, params, tok, src, tgt, prompt_length=1)
     assert payload["prompt_length"] == 1
     with pytest.raises(ValueError, match=r"prompt_length=0 must lie in \[1, len\(tgt_ids\)=7\]"):
-        visualize.explorer_payload(model, params, tok, src, tgt, prompt_length=0)
+        explorer.explorer_payload(model, params, tok, src, tgt, prompt_length=0)
 
 
 def test_html_is_self_contained_and_escapes_script_end(tmp_path):
     model, params, tok, src, tgt, _ = _translation()
-    path = visualize.render_explorer(
+    path = explorer.render_explorer(
         model, params, tok, src, tgt, tmp_path / "e.html", title=HOSTILE_TITLE
     )
     html = path.read_text("utf-8")
-    assert visualize.PAYLOAD_PLACEHOLDER not in html
+    assert explorer.PAYLOAD_PLACEHOLDER not in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # no CDN, no network
     data = re.search(r'id="attention-data">(.*?)</script>', html, re.S).group(1)
     assert json.loads(data)["title"] == HOSTILE_TITLE
@@ -160,9 +166,9 @@ def test_html_is_self_contained_and_escapes_script_end(tmp_path):
 def test_mismatched_source_ids_are_refused():
     model, params, tok, src, tgt, _ = _translation()
     with pytest.raises(ValueError, match="src_ids=a list of ids"):
-        visualize.explorer_payload(model, params, tok, None, tgt)
+        explorer.explorer_payload(model, params, tok, None, tgt)
     with pytest.raises(ValueError, match="tgt_ids is empty"):
-        visualize.explorer_payload(model, params, tok, src, [])
+        explorer.explorer_payload(model, params, tok, src, [])
 
 
 def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
@@ -222,13 +228,15 @@ def _rendered(page, shape_LNTS, layer):
 @pytest.mark.parametrize("example", [_translation, _language_model], ids=["translation", "lm"])
 def test_page_renders_the_sown_weights(browser, tmp_path, example):
     model, params, tok, src, tgt, maps = example()
-    path = visualize.render_explorer(
+    path = explorer.render_explorer(
         model, params, tok, src, tgt, tmp_path / "e.html", title=HOSTILE_TITLE
     )
     page, errors = _open(browser, path)
     kinds = page.eval_on_selector_all("#kind option", "os => os.map(o => o.textContent)")
     assert len(kinds) == len(maps)
-    for kind, name in enumerate(maps_order := [n for n in visualize.ATTENTION_KINDS if n in maps]):
+    for kind, name in enumerate(
+        maps_order := [n for n in attention_recording.ATTENTION_KINDS if n in maps]
+    ):
         weights_LNTS = maps[name]
         layers, heads = weights_LNTS.shape[:2]
         page.select_option("#kind", str(kind))
@@ -292,13 +300,13 @@ def test_neuron_and_model_views_show_the_models_numbers(browser, tmp_path, examp
     mask and the softmax weight are the model's, within 1e-6; a model-view cell is the sown
     weight too, and clicking its map opens it."""
     model, params, tok, src, tgt, _ = example()
-    record = visualize.attention_record(model, params, *_inputs(src, tgt))
+    record = attention_recording.attention_record(model, params, *_inputs(src, tgt))
     prompt_length = 1 if src is not None else 3  # BOS (+ 2 prompt tokens), the rest generated
-    path = visualize.render_explorer(
+    path = explorer.render_explorer(
         model, params, tok, src, tgt, tmp_path / "e.html", prompt_length=prompt_length
     )
     page, errors = _open(browser, path)
-    names = [n for n in visualize.ATTENTION_KINDS if n in record]
+    names = [n for n in attention_recording.ATTENTION_KINDS if n in record]
     for kind, name in enumerate(names):
         weights, scores = record[name]["weights"], record[name]["scores"]
         layers, heads, rows, cols = weights.shape
@@ -324,7 +332,7 @@ def test_neuron_and_model_views_show_the_models_numbers(browser, tmp_path, examp
             head_dim = record[name]["q"].shape[-1]
             assert abs(neuron["dot"][0] - score * np.sqrt(head_dim)) <= 1e-5
             q, k = page.evaluate(READ_VECTOR, "q"), page.evaluate(READ_VECTOR, "k")
-            stored = 0.5 * 10.0**-visualize.VECTOR_DECIMALS + 1e-7  # vectors' rounding
+            stored = 0.5 * 10.0**-explorer.VECTOR_DECIMALS + 1e-7  # vectors' rounding
             np.testing.assert_allclose(q, record[name]["q"][layer, head, i], atol=stored)
             np.testing.assert_allclose(k, record[name]["k"][layer, head, j], atol=stored)
             total = page.evaluate(READ_VECTOR, "sum")  # Σ_s w·v: the head's output row

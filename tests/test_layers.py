@@ -128,6 +128,32 @@ def test_sown_weights_equal_functional_weights():
     assert "intermediates" not in state
 
 
+@pytest.mark.parametrize(
+    "changes", [{}, {"rope": True, "num_kv_heads": 2}], ids=["fused", "rope-grouped"]
+)
+def test_sown_inputs_give_the_sown_weights(changes):
+    """'attention_inputs' holds the queries, keys (rotated, for rope) and values that the
+    weights came from, and the mask as (B, N, T, S); nothing is sown unless asked for."""
+    x = jax.random.normal(jax.random.key(6), (B, T, D))
+    module = MultiHeadAttention(num_heads=N, **changes)
+    params = _init(module, x)
+    _, state = module.apply(params, x, mask=causal_mask(T), mutable=["intermediates"])
+    (weights,) = state["intermediates"]["attention_weights"]
+    (inputs,) = state["intermediates"]["attention_inputs"]
+    kv_heads = changes.get("num_kv_heads", N)
+    chex.assert_shape(inputs["q"], (B, T, N, H))
+    chex.assert_shape([inputs["k"], inputs["v"]], (B, T, kv_heads, H))
+    assert inputs["mask"].shape == (B, N, T, T) and inputs["mask"].dtype == jnp.bool_
+    group = N // kv_heads
+    for b, n in ((0, 0), (1, N - 1)):
+        q, k = inputs["q"][b, :, n], inputs["k"][b, :, n // group]
+        _, expected = dot_product_attention(q, k, inputs["v"][b, :, n // group], causal_mask(T))
+        chex.assert_trees_all_close(weights[b, n], expected, atol=1e-6)
+        assert np.array_equal(inputs["mask"][b, n], causal_mask(T))
+    _, state = module.apply(params, x, mask=causal_mask(T), mutable=[])
+    assert "intermediates" not in state
+
+
 def test_causal_and_padding_mask_is_per_example_not_per_head():
     """A past defect: `combine_masks(causal_mask(T), padding_mask(tokens))` used to be (B, T, S),
     which broadcasting against (B, N, T, S) applied to head b, not example b. Now it is

@@ -25,8 +25,9 @@ from train.sections import DecodeOptions, EvalConfig
 from train.tokenizer import Tokenizer
 
 
-def _cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
-    ids = ids.tolist()
+def cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
+    """The ids `(T,)` of one generated row before its first `eos_id` (all when it has none)."""
+    ids = np.asarray(ids).tolist()
     return ids[: ids.index(eos_id)] if eos_id in ids else ids
 
 
@@ -92,7 +93,7 @@ def translate(
         )
         generated = np.asarray(jax.device_get(generated))
         for row, index in enumerate(chunk):
-            outputs[index] = tokenizer.decode(_cut_at_eos(generated[row], tokenizer.eos_id))
+            outputs[index] = tokenizer.decode(cut_at_eos(generated[row], tokenizer.eos_id))
     return outputs
 
 
@@ -149,7 +150,7 @@ def sample_text(
     )
     generated = np.asarray(jax.device_get(generated))
     return [
-        tokenizer.decode(row[1:] + _cut_at_eos(generated[i], tokenizer.eos_id))
+        tokenizer.decode(row[1:] + cut_at_eos(generated[i], tokenizer.eos_id))
         for i, row in enumerate(rows)
     ]
 

@@ -22,11 +22,13 @@ from flax_transformer import (
     DecoderOnlyTransformer,
     Transformer,
     TransformerConfig,
+    generate_text,
+    generate_translation,
     segment_positions,
 )
 from train import decoding, distributed
 from train.batching import Side, SideTokens, example_slots
-from train.decoding import sample_text
+from train.decoding import cut_at_eos, sample_text
 from train.sections import EvalConfig
 from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
 
@@ -87,6 +89,10 @@ class Task:
         tool: the command-line program that decodes a trained model of this task.
         models: what such models are called, for messages ("translation models").
         reports_bits_per_char: whether validation adds bits per character.
+        model_type: the class of the model it trains.
+        stacks: the top-level parameter trees of that model (what its params must hold).
+        decoder_input: what the pictures call the decoder's ids.
+        self_attention_label: what they call the decoder's self-attention.
     """
 
     name: str
@@ -99,9 +105,13 @@ class Task:
     tool: str
     models: str
     reports_bits_per_char: bool = False
+    model_type: type[nn.Module]
+    stacks: tuple[str, ...]
+    decoder_input: str
+    self_attention_label: str
 
     def make_model(self, model_config: TransformerConfig) -> nn.Module:
-        raise NotImplementedError
+        return self.model_type(model_config)
 
     def init_inputs(self) -> tuple[jax.Array, ...]:
         """Dummy inputs for `model.init`."""
@@ -173,6 +183,37 @@ class Task:
         """What a run ends with besides the validation loss (scores, samples)."""
         raise NotImplementedError
 
+    # One example shown by a tool (train.visualize): source ids where the task has a source
+    # (else None), and the decoder's ids.
+
+    def shown_prompt(self, tokenizer: Tokenizer, encoded: list[int]) -> tuple[list | None, list]:
+        """`(source ids or None, decoder prompt)` of a text's ids: a source sentence and BOS,
+        or BOS + a prompt."""
+        raise NotImplementedError
+
+    def greedy_continuation(
+        self, model, variables, tokenizer: Tokenizer, source, prompt, max_new_tokens: int
+    ) -> list[int]:
+        """The ids the model decodes greedily after `prompt` (given `source`), EOS cut."""
+        raise NotImplementedError
+
+    def given_target(self, tokenizer: Tokenizer, text: str, target: str) -> tuple[list, list]:
+        """`(source ids, BOS + target ids)` of an example whose target is given.
+
+        Raises:
+            ValueError: the task has no target apart from its text.
+        """
+        raise NotImplementedError
+
+    def shown_inputs(self, src_ids, tgt_ids) -> tuple[jax.Array, ...]:
+        """The model's inputs for one example: int `(1, S)` source ids where the task has a
+        source, and `(1, T)` decoder ids.
+
+        Raises:
+            ValueError: `src_ids` is None for a task with a source, or given for one without.
+        """
+        raise NotImplementedError
+
 
 class TranslationTask(Task):
     """Encoder-decoder translation of (source, target) pairs, scored by BLEU and chrF."""
@@ -189,9 +230,10 @@ class TranslationTask(Task):
     model_inputs = ("src", "tgt_in")
     tool = "train.translate"
     models = "translation models"
-
-    def make_model(self, model_config):
-        return Transformer(model_config)
+    model_type = Transformer
+    stacks = ("encoder", "decoder")
+    decoder_input = "decoder input"
+    self_attention_label = "decoder causal self-attention"
 
     def init_inputs(self):
         dummy = jnp.ones(_INIT_BATCH_SHAPE, jnp.int32)
@@ -290,6 +332,25 @@ class TranslationTask(Task):
             }
         return {**results, "samples": samples}
 
+    def shown_prompt(self, tokenizer, encoded):
+        return encoded, [tokenizer.bos_id]
+
+    def greedy_continuation(self, model, variables, tokenizer, source, prompt, max_new_tokens):
+        del prompt  # BOS, which generate_translation starts with
+        rows = generate_translation(
+            model, variables, jnp.asarray([source]), bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id, max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+        return cut_at_eos(rows[0], tokenizer.eos_id)
+
+    def given_target(self, tokenizer, text, target):
+        return tokenizer.encode(text), [tokenizer.bos_id, *tokenizer.encode(target)]
+
+    def shown_inputs(self, src_ids, tgt_ids):
+        if src_ids is None:
+            raise ValueError(f"{self.model_type.__name__} takes src_ids=a list of ids, got None.")
+        return jnp.asarray([list(src_ids)], jnp.int32), jnp.asarray([list(tgt_ids)], jnp.int32)
+
 
 class LanguageModelTask(Task):
     """Decoder-only language modelling of text lines, reported in bits per character too."""
@@ -304,9 +365,10 @@ class LanguageModelTask(Task):
     tool = "train.sample"
     models = "language models"
     reports_bits_per_char = True
-
-    def make_model(self, model_config):
-        return DecoderOnlyTransformer(model_config)
+    model_type = DecoderOnlyTransformer
+    stacks = ("decoder",)
+    decoder_input = "sequence"
+    self_attention_label = "causal self-attention"
 
     def init_inputs(self):
         return (jnp.ones(_INIT_BATCH_SHAPE, jnp.int32),)
@@ -346,6 +408,30 @@ class LanguageModelTask(Task):
             "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
         }
 
+    def shown_prompt(self, tokenizer, encoded):
+        return None, [tokenizer.bos_id, *encoded]
+
+    def greedy_continuation(self, model, variables, tokenizer, source, prompt, max_new_tokens):
+        del source  # None
+        rows = generate_text(
+            model, variables, jnp.asarray([prompt]), eos_id=tokenizer.eos_id,
+            max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+        return cut_at_eos(rows[0], tokenizer.eos_id)
+
+    def given_target(self, tokenizer, text, target):
+        raise ValueError(
+            "--target is for translation runs; a language model's --text is the whole "
+            "sequence: put the continuation into --text."
+        )
+
+    def shown_inputs(self, src_ids, tgt_ids):
+        if src_ids is not None:
+            raise ValueError(
+                f"{self.model_type.__name__} takes src_ids=None, got {len(src_ids)} ids."
+            )
+        return (jnp.asarray([list(tgt_ids)], jnp.int32),)
+
 
 TASKS: dict[str, Task] = {task.name: task for task in (TranslationTask(), LanguageModelTask())}
 
@@ -359,6 +445,19 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"task={name!r} is not one of {tuple(TASKS)}.")
     return TASKS[name]
+
+
+def task_of(model: nn.Module) -> Task:
+    """The task that trains models of `model`'s kind (for code given a model, not a config).
+
+    Raises:
+        ValueError: no task trains such a model.
+    """
+    for task in TASKS.values():
+        if isinstance(model, task.model_type):
+            return task
+    kinds = ", ".join(task.model_type.__name__ for task in TASKS.values())
+    raise ValueError(f"{type(model).__name__} is not a model of any task; give one of {kinds}.")
 
 
 def owners(field: str) -> str:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.functional import apply_rope, project
+from flax_transformer.functional import apply_rope, broadcast_mask, project
 from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.checks import as_array, check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
@@ -78,7 +78,9 @@ class MultiHeadAttention(nn.Module):
     ignored).
 
     The attention weights `(B, N, T, S)` are sown into the 'intermediates' collection as
-    'attention_weights' when that collection is mutable (off by default, free when off).
+    'attention_weights' when that collection is mutable (off by default, free when off),
+    and beside them what they came from as 'attention_inputs': `{'q': (B, T, N, H), 'k',
+    'v': (B, S, K, H), 'mask': bool (B, N, T, S)}`, queries and keys after rotary positions.
     """
 
     num_heads: int
@@ -183,8 +185,22 @@ class MultiHeadAttention(nn.Module):
         )
         if weights_BNTS is not None:
             self.sow("intermediates", "attention_weights", weights_BNTS)
+            self._sow_inputs(q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis)
         y_BTD = self._merge_heads(out_BTNH, width)
         return y_BTD if cache is None else (y_BTD, cache)
+
+    def _sow_inputs(self, q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis: int) -> None:
+        """Sows what the weights came from, for the attention explorer: queries `(B, T, N,
+        H)`, keys and values `(B, S, K, H)` as attended (rotated, with a cache the whole
+        cache) and the mask as bool `(B, N, T, S)`. Called only where the weights are
+        sown, so it costs nothing when 'intermediates' is not mutable."""
+        if kv_head_axis == 1:  # the cache, head-major
+            k_BSKH, v_BSKH = _heads_major(k_BSKH), _heads_major(v_BSKH)
+        batch, q_len, num_heads = q_BTNH.shape[:3]
+        target = (batch, num_heads, q_len, k_BSKH.shape[1])
+        mask_BNTS = jnp.ones(target, bool) if mask is None else broadcast_mask(mask, *target)
+        inputs = {"q": q_BTNH, "k": k_BSKH, "v": v_BSKH, "mask": mask_BNTS}
+        self.sow("intermediates", "attention_inputs", inputs)
 
     @property
     def _kv_heads(self) -> int:
