@@ -253,7 +253,7 @@ def test_a_strategy_of_another_type_is_a_type_error(shapes):
 
 
 def test_the_program_decode_options_build_one_strategy():
-    """train.decoding: translation greedy or beam search, text greedy or sampling; a run's
+    """train.inference: translation greedy or beam search, text greedy or sampling; a run's
     top_k/top_p go unused with temperature 0 (configs/lm_kjv.py has top_k=40)."""
     from train.sections import DecodeOptions
 

@@ -13,7 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import checkpoint, decoding, metrics, train_lib
+from train import checkpoint, inference, metrics, train_lib
 from train.rundir import RunDir
 from train.sections import DecodeOptions
 
@@ -89,10 +89,10 @@ def test_report_prints_both_decodings_and_the_copy_baseline(trained_run):
 def test_repeated_ngram_share():
     looping = "to the king of Israel, and to the king of Israel, and"
     texts = [looping, "In the beginning God created the heavens and the earth.", "a a a"]
-    assert decoding.repeated_ngram_share(texts) == pytest.approx(1 / 3)
-    assert decoding.repeated_ngram_share(["a a a a a"]) == 1.0  # (a a a a) twice
-    assert decoding.repeated_ngram_share(texts, n=2) == pytest.approx(2 / 3)  # "a a" twice
-    assert decoding.repeated_ngram_share([]) == 0.0
+    assert inference.repeated_ngram_share(texts) == pytest.approx(1 / 3)
+    assert inference.repeated_ngram_share(["a a a a a"]) == 1.0  # (a a a a) twice
+    assert inference.repeated_ngram_share(texts, n=2) == pytest.approx(2 / 3)  # "a a" twice
+    assert inference.repeated_ngram_share([]) == 0.0
 
 
 def test_translate_from_checkpoint(trained_run):
@@ -103,7 +103,7 @@ def test_translate_from_checkpoint(trained_run):
     sample = results["samples"][0]
     options = trained.experiment.eval.decode  # the run's, as its report decoded
     assert options == DecodeOptions.from_config(trained.config)
-    outputs = decoding.translate(
+    outputs = inference.translate(
         trained.model, trained.params, trained.tokenizer, [sample["source"], "ab"], options
     )
     assert outputs[0] == sample["model"] and isinstance(outputs[1], str)
@@ -214,7 +214,7 @@ def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
     options = DecodeOptions(
         max_len=16, max_decode_len=5, temperature=0.0, top_k=40, top_p=0.9, seed=0
     )
-    (text,) = decoding.sample_text(model, params, tokenizer, ["ab"], options)
+    (text,) = inference.sample_text(model, params, tokenizer, ["ab"], options)
     prompt = np.array([[tokenizer.bos_id, *tokenizer.encode("ab")]])
     greedy = generate_text(
         model, {"params": params}, prompt, eos_id=tokenizer.eos_id, max_new_tokens=5

@@ -334,7 +334,7 @@ class Checkpointer:
 
 
 class TrainedModel(NamedTuple):
-    """A trained run, ready for `train.decoding.translate` / `sample_text`.
+    """A trained run, ready for `train.inference.translate` / `sample_text`.
 
     Attributes:
         config: the run's config.json as a ConfigDict, fields added since it was written

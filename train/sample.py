@@ -50,7 +50,7 @@ def sample_prompts(
         Each prompt followed by its continuation, the samples of a prompt together.
     """
     from train import tools
-    from train.decoding import sample_text
+    from train.inference import sample_text
 
     quiet_library_logs()
     tools.check_positive("num_samples", num_samples)

@@ -491,7 +491,7 @@ class DecodeOptions:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Validation, BLEU and the samples of the final report (`train.tasks`, `train.decoding`).
+    """Validation, BLEU and the samples of the final report (`train.tasks`, `train.inference`).
 
     Attributes:
         num_eval_batches: validation batches per evaluation; 0 = all.

@@ -26,9 +26,9 @@ from flax_transformer import (
     generate_translation,
     segment_positions,
 )
-from train import decoding, distributed
+from train import distributed, inference
 from train.batching import Side, SideTokens, example_slots
-from train.decoding import cut_at_eos, sample_text
+from train.inference import cut_at_eos, sample_text
 from train.sections import EvalConfig
 from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
 
@@ -284,7 +284,7 @@ class TranslationTask(Task):
     def interim_scores(self, evaluation, dataset, model, params):
         if not evaluation.bleu_examples:
             return None
-        scores, _ = decoding.validation_bleu(
+        scores, _ = inference.validation_bleu(
             evaluation,
             dataset,
             model,
@@ -313,13 +313,13 @@ class TranslationTask(Task):
         if not pairs:
             return {"samples": []}
         results = {}
-        results["bleu"], greedy = decoding.validation_bleu(evaluation, dataset, model, params)
+        results["bleu"], greedy = inference.validation_bleu(evaluation, dataset, model, params)
         shown = range(min(evaluation.num_samples, len(pairs)))
         samples = [
             {"source": pairs[i][0], "reference": pairs[i][1], "model": greedy[i]} for i in shown
         ]
         if evaluation.report_beam_size > 1:
-            results["bleu_beam"], beam = decoding.validation_bleu(
+            results["bleu_beam"], beam = inference.validation_bleu(
                 evaluation, dataset, model, params, beam_size=evaluation.report_beam_size
             )
             for i in shown:
@@ -327,8 +327,8 @@ class TranslationTask(Task):
         if evaluation.copy_baseline:
             sources, references = [s for s, _ in pairs], [t for _, t in pairs]
             results["copy_baseline"] = {
-                **decoding.bleu_and_chrf(sources, references, evaluation.bleu_tokenize),
-                "repeated_4gram": decoding.repeated_ngram_share(sources),
+                **inference.bleu_and_chrf(sources, references, evaluation.bleu_tokenize),
+                "repeated_4gram": inference.repeated_ngram_share(sources),
             }
         return {**results, "samples": samples}
 

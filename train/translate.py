@@ -48,7 +48,7 @@ def translate_sentences(
         One translation per sentence, in order.
     """
     from train import tools
-    from train.decoding import translate
+    from train.inference import translate
 
     quiet_library_logs()
     experiment = tools.read_experiment(workdir, tool="train.translate")
