@@ -338,7 +338,12 @@ def test_gpu_report_has_the_tpu_report_keys(tiny_h100):
     assert 0 < report["bytes_per_chip"]["total"] < report["hbm_bytes"]
     # XLA has no cost analysis for GPU executables: the bound comes from the traced step.
     assert report["xla_flops"] is None and report["bytes_accessed"] is None
-    assert report["step_time_lower_bound_s"] > 0 and 0 < report["mfu_ceiling"] <= 1
+    assert report["step_time_lower_bound_s"] > 0 and report["mfu_ceiling"] > 0
+    # The ceiling may pass 1 here: the model formula counts the causal mask's upper half,
+    # which cuDNN skips (and the bound leaves out); this tiny model is mostly attention.
+    peak = compile_costs.GPUS["h100"].peak_flops
+    bound = report["step_time_lower_bound_s"] * report["num_chips"] * peak
+    assert report["model_flops"] / bound == pytest.approx(report["mfu_ceiling"])
     assert report["collectives"]["all-reduce"]["count"] >= 1  # gradients over data
     assert "__cudnn$fmha" in hlo  # the cuDNN attention kernels are in the program
     assert any("cuDNN" in what for what in report["not_checked"])
