@@ -3,10 +3,11 @@ resumable, deterministic.
 
     inputs -> plan (shards) -> tokenizer sample -> SentencePiece -> shards -> manifest
 
-- Inputs (`train.store_inputs`): `--config.corpus=text` with `--config.corpus_path` a file or a glob (`**` allowed)
-  of plain-text files (one document per non-blank line) or JSON lines (`.jsonl`/`.json`:
-  one document per record, its `--config.text_field`), each possibly gzip (`.gz`) or zstd
-  (`.zst`) compressed; or `--config.corpus=kjv`, the shipped King James Bible.
+- Inputs (`train.store_inputs`): `--config.corpus=text` with `--config.corpus_path` a file
+  or a glob (`**` allowed) of plain-text files (one document per non-blank line) or JSON
+  lines (`.jsonl`/`.json`: one document per record, its `--config.text_field`), each
+  possibly gzip (`.gz`) or zstd (`.zst`) compressed; or `--config.corpus=kjv`, the shipped
+  King James Bible.
 - Plan: a shard is an uncompressed file's byte range of about `store_shard_bytes` (a line
   belongs to the range its first byte is in) or a whole compressed file. The plan is a
   function of the files alone, so every process and every rerun agrees on it.
