@@ -228,3 +228,29 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tmp_path):
     assert saved == [CHECKPOINT_EVERY]
     assert _run(2, 4, args(killed)) == 0  # both restarted: resumes at step 4
     _assert_same_training(killed, two)
+
+
+# Runs train.main with a step callback in which process 1 alone gets a SIGTERM after step
+# 5 (a preemption notice that reaches one host first).
+_TERMINATING_MAIN = _KILLING_MAIN.replace(
+    f"step == {KILL_AT_STEP} and jax.process_index() == 1", "step == 5 and jax.process_index() == 1"
+).replace("signal.SIGKILL", "signal.SIGTERM")
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_finishes(tmp_path):
+    config = str(_config_file(tmp_path, write_tiny_tsv(tmp_path)))
+    workdir = tmp_path / "run"
+    args = ["--config", config, "--workdir", str(workdir)]
+    command = (sys.executable, "-c", _TERMINATING_MAIN)
+    processes = launch_local.start(2, 4, args, cwd=str(REPO), command=command)
+    try:
+        # Both exit on their own, each after the one checkpoint they write together.
+        statuses = [p.wait(timeout=RUN_TIMEOUT_S) for p in processes]
+    finally:
+        launch_local.stop(processes)
+    assert statuses == [143, 143], statuses
+    saved = sorted(int(p.name) for p in RunDir(workdir).checkpoints.iterdir() if p.name.isdigit())
+    assert saved[0] == CHECKPOINT_EVERY and CHECKPOINT_EVERY < saved[-1] < STEPS, saved
+    assert _run(2, 4, args) == 0
+    assert json.loads((workdir / "results.json").read_text())["step"] == STEPS
