@@ -288,3 +288,19 @@ def test_validation_batches_cover_the_split_in_order_with_padding_rows(store):
         [np.concatenate([a["inputs"], b["inputs"]]) for a, b in zip(*halves, strict=True)]
     )
     np.testing.assert_array_equal(stacked, rows)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(task="translation", corpus="tsv"), r"store_dir=.*feeds task='lm'"),
+        (dict(corpus="hf", hf_dataset="x", hf_fields="text"), r"corpus='hf'.*prepared from"),
+        (dict(packing="none"), r"packing='none'.*read as max_len windows"),
+        (dict(loader_threads=0), r"loader_threads=0: must be a positive integer"),
+    ],
+)
+def test_a_store_config_that_cannot_be_read_is_refused_by_its_field(tmp_path, fields, message):
+    config = tiny_config(tmp_path / "x.txt", task="lm", corpus="text", packing="stream")
+    config.update(bucket_lengths=(), store_dir=str(tmp_path / "store"), batch_size=4, **fields)
+    with pytest.raises(ValueError, match=message):
+        DataConfig.from_config(config)

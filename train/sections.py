@@ -192,12 +192,6 @@ class DataConfig(_ReadByName):
 
     def _check_store(self) -> None:
         """A token store holds one-sided documents read as max_len windows."""
-        _check_positive_ints(
-            self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
-        )
-        _check_non_negative_ints(self, "prepare_workers")
-        if not isinstance(self.text_field, str) or not self.text_field:
-            raise fail("text_field", self.text_field, "must name the JSON field of the text")
         if self.task != "lm":
             raise fail(
                 "store_dir",
@@ -218,6 +212,12 @@ class DataConfig(_ReadByName):
                 "a token store is read as max_len windows: 'stream', or 'segments' (the same "
                 "windows, attention kept within each document)",
             )
+        _check_positive_ints(
+            self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
+        )
+        _check_non_negative_ints(self, "prepare_workers")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise fail("text_field", self.text_field, "must name the JSON field of the text")
 
     def _check_corpus(self) -> None:
         if self.corpus in ("tsv", "text") and not self.corpus_path:
