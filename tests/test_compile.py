@@ -186,7 +186,7 @@ def test_abstract_batch_has_the_batcher_shapes():
     data = DataConfig.from_config(config)
     train = abstract_batch(data, task, mesh, evaluation=False)
     evaluate = abstract_batch(data, task, mesh, evaluation=True)
-    rows = config.tokens_per_batch // config.max_len  # 97 rows of 256 tokens
+    rows = config.tokens_per_batch // config.max_len  # 96 rows of 256 tokens
     assert {k: v.shape for k, v in train.items()} == {
         k: (rows, 256) for k in ("src", "tgt_in", "tgt_out", "src_segment_ids", "tgt_segment_ids")
     }
