@@ -169,6 +169,17 @@ def _config_path(argv: list[str]) -> str:
     return DEFAULT_CONFIG
 
 
+def loaded_config(config):
+    """The parsed `--config` ConfigDict, or exit with one line for a file that cannot be read
+    (its load is lazy: an unreadable or broken file raises when the config is first touched).
+    """
+    try:
+        config.lock  # noqa: B018
+    except (OSError, SyntaxError) as err:
+        die(config_file_error(err, sys.argv), USAGE_ERROR)
+    return config
+
+
 def config_file_error(err: Exception, argv: list[str]) -> str:
     """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
     path = _config_path(argv)

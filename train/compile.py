@@ -39,9 +39,9 @@ from absl import app, flags
 from train.cli import (
     RUN_ERROR,
     USAGE_ERROR,
-    config_file_error,
     define_config_flag,
     die,
+    loaded_config,
     native_stderr_captured,
     parse_config_flags,
     quiet_library_logs,
@@ -228,11 +228,7 @@ def main(argv: list[str]) -> None:
             "pip install -r requirements-tpu.txt",
             USAGE_ERROR,
         )
-    config = FLAGS.config
-    try:
-        config.lock  # an unreadable config file raises when first touched  # noqa: B018
-    except (OSError, SyntaxError) as err:
-        die(config_file_error(err, sys.argv), USAGE_ERROR)
+    config = loaded_config(FLAGS.config)
     quiet_library_logs()
     with native_stderr_captured():  # jax starts (for a valid command only), and its plugins
         import jax

@@ -32,9 +32,9 @@ from train.cli import (
     PREEMPTED,
     RUN_ERROR,
     USAGE_ERROR,
-    config_file_error,
     define_config_flag,
     die,
+    loaded_config,
     parse_config_flags,
     quiet_library_logs,
 )
@@ -60,11 +60,7 @@ flags.DEFINE_integer(
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         die(f"unexpected arguments {argv[1:]} ; use --flag=value.", USAGE_ERROR)
-    config = FLAGS.config
-    try:
-        config.lock  # an unreadable config file raises when first touched  # noqa: B018
-    except (OSError, SyntaxError) as err:
-        die(config_file_error(err, sys.argv), USAGE_ERROR)
+    config = loaded_config(FLAGS.config)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
     from train import distributed

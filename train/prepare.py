@@ -26,9 +26,9 @@ from absl import app, flags, logging
 from train.cli import (
     RUN_ERROR,
     USAGE_ERROR,
-    config_file_error,
     define_config_flag,
     die,
+    loaded_config,
     parse_config_flags,
     quiet_library_logs,
 )
@@ -53,11 +53,7 @@ def _part(text: str) -> tuple[int, int]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         die(f"unexpected arguments {argv[1:]} ; use --flag=value.", USAGE_ERROR)
-    config = FLAGS.config
-    try:
-        config.lock  # an unreadable config file raises when first touched  # noqa: B018
-    except (OSError, SyntaxError) as err:
-        die(config_file_error(err, sys.argv), USAGE_ERROR)
+    config = loaded_config(FLAGS.config)
     quiet_library_logs()
     from train import config_lib
     from train.store_prepare import StoreWriteError, prepare_store
