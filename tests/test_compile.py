@@ -19,7 +19,7 @@ import pytest
 
 from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
-from train import compile_costs, config_lib, tasks, train_lib
+from train import compile_costs, config_lib, tasks, traced_costs, train_lib
 from train.compile_lib import abstract_batch
 from train.sections import DataConfig
 
@@ -40,6 +40,7 @@ JSON_KEYS = {
     "xla_flops",
     "model_flops",
     "bytes_accessed",
+    "kernel_bytes_per_chip",
     "step_time_lower_bound_s",
     "mfu_ceiling",
     "collectives",
@@ -124,9 +125,12 @@ def test_collectives_of_a_data_and_fsdp_step(tiny_v5e):
     report, stdout = tiny_v5e
     found = report["collectives"]
     assert set(found) == set(compile_costs.COLLECTIVES)
-    # Gradients are summed over the data axis; fsdp-split parameters are gathered.
-    assert found["all-reduce"]["count"] >= 1 and found["all-reduce"]["bytes"] > 0
+    # fsdp-split parameters are gathered for the forward pass, and their gradients summed
+    # into each chip's shard by reduce-scatters (libtpu's all-reduce-scatter fusions); the
+    # gradients of the unsplit norm scales are all-reduced.
     assert found["all-gather"]["count"] >= 1 and found["all-gather"]["bytes"] > 0
+    assert found["reduce-scatter"]["count"] >= 1 and found["reduce-scatter"]["bytes"] > 0
+    assert found["all-reduce"]["count"] >= 1 and found["all-reduce"]["bytes"] > 0
     assert "all-reduce" in stdout and "https://cloud.google.com/tpu/docs/v5e" in stdout
 
 
@@ -245,6 +249,50 @@ def test_collectives_count_once_per_loop_iteration():
     assert not exact and unknown["all-gather"]["count"] == 1
 
 
+# libtpu's form of a reduce-scatter over 4 chips: a fusion computation named
+# all-reduce-scatter.N, an all-reduce of the whole array, then this chip's slice.
+TPU_REDUCE_SCATTER_HLO = """HloModule rs
+
+%add (x: bf16[], y: bf16[]) -> bf16[] {
+  %x = bf16[] parameter(0)
+  %y = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%x, %y)
+}
+
+%all-reduce-scatter.6 (input.6: bf16[64,32]) -> bf16[16,32] {
+  %input.6 = bf16[64,32]{1,0} parameter(0)
+  %ar = bf16[64,32]{1,0} all-reduce(%input.6), channel_id=7, to_apply=%add
+  %p = u32[] partition-id()
+  %c = u32[] constant(16)
+  %m = u32[] multiply(%p, %c)
+  %z = u32[] constant(0)
+  ROOT %ds = bf16[16,32]{1,0} dynamic-slice(%ar, %m, %z), dynamic_slice_sizes={16,32}
+}
+
+ENTRY %main (g: bf16[64,32], n: f32[8]) -> (bf16[16,32], f32[8]) {
+  %g = bf16[64,32]{1,0} parameter(0)
+  %n = f32[8]{0} parameter(1)
+  %fusion.16 = bf16[16,32]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.6
+  %all-reduce.3 = f32[8]{0} all-reduce(%n), channel_id=3, to_apply=%add
+  ROOT %t = (bf16[16,32]{1,0}, f32[8]{0}) tuple(%fusion.16, %all-reduce.3)
+}
+"""
+
+
+def test_tpu_reduce_scatter_fusions_count_as_reduce_scatters():
+    found, exact = compile_costs.collectives(TPU_REDUCE_SCATTER_HLO)
+    assert exact
+    # The shard it leaves on each chip, not the whole array that the fused all-reduce names.
+    assert found["reduce-scatter"] == {"count": 1, "bytes": 16 * 32 * 2}
+    assert found["all-reduce"] == {"count": 1, "bytes": 8 * 4}
+    # The same all-reduce outside such a fusion stays an all-reduce of the whole array.
+    plain, _ = compile_costs.collectives(
+        TPU_REDUCE_SCATTER_HLO.replace("all-reduce-scatter.6", "fused_computation.6")
+    )
+    assert plain["reduce-scatter"]["count"] == 0
+    assert plain["all-reduce"] == {"count": 2, "bytes": 64 * 32 * 2 + 8 * 4}
+
+
 @pytest.mark.parametrize("name", ["default", "lm_kjv_llama"])
 def test_model_formula_equals_the_traced_matrix_products(name):
     # Tracing only (no compile): the formula counts what the step's dot_generals compute,
@@ -264,7 +312,7 @@ def test_model_formula_equals_the_traced_matrix_products(name):
         traced = program.train_step.trace(program.state_shapes, batch)
         shapes = [batch[k].shape for k in task.model_inputs]
         formula = compile_costs.model_flops(program.model, shapes)
-        counts[scan, remat] = (compile_costs.traced_matmul_flops(traced.jaxpr), formula)
+        counts[scan, remat] = (traced_costs.traced_matmul_flops(traced.jaxpr), formula)
     assert counts[False, False][0] == counts[False, False][1]
     assert counts[True, False] == counts[False, False]
     remat, formula = counts[True, True]
@@ -374,7 +422,7 @@ def test_cudnn_attention_flops_are_counted_from_its_shapes():
     # Per layer and B*N*T*S*H (8 rows, 4 heads, 64 x 64, width 16): the formula's 2 * 6, the
     # kernels' 2 * 7 halved by the causal mask.
     per_layer = 8 * 4 * 64 * 64 * 16
-    assert compile_costs.traced_matmul_flops(traced.jaxpr) == formula - 2 * (12 - 7) * per_layer
+    assert traced_costs.traced_matmul_flops(traced.jaxpr) == formula - 2 * (12 - 7) * per_layer
 
 
 @pytest.mark.parametrize(

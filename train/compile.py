@@ -119,16 +119,21 @@ def _step_lines(report: TopologyReport) -> list[str]:
     chip, train = report.chip, report.train
     xla = "n/a" if train.flops is None else f"{train.flops * report.num_chips:.4g}"
     accessed = "n/a" if train.bytes_accessed is None else f"{train.bytes_accessed:.4g}"
+    if train.kernel_bytes:
+        accessed += (
+            f" + splash kernels' streaming {train.kernel_bytes / report.num_chips:.4g} "
+            "(their tiles re-read, counted from shapes: train/traced_costs.py)"
+        )
     lines = [
         "train step, bytes per chip: "
         + ", ".join(f"{k} {_gib(v)}" for k, v in train.bytes.items())
         + f" of {_gib(chip.hbm_bytes)} {_memory(chip)}",
         "eval step, bytes per chip: "
         + (f"total {_gib(report.eval.bytes['total'])}" if report.eval else report.refusal),
-        f"FLOPs per step (all chips): XLA {xla}; matrix "
-        f"products of the traced step {train.traced_flops:.4g} (remat recomputation "
-        f"included); model formula {report.model_flops:.4g} (6 per matrix parameter per "
-        "token; attention q k^T and weights v counted in full, not halved for causal masks)",
+        f"FLOPs per step (all chips): XLA {xla}; matrix products of the traced step "
+        f"{train.traced_flops:.4g} (remat recomputation and attention kernels included); "
+        f"model formula {report.model_flops:.4g} (6 per matrix parameter per token; "
+        "attention q k^T and weights v counted in full, not halved for causal masks)",
         f"HBM bytes accessed per chip (XLA): {accessed}",
     ]
     if train.loops and train.flops is not None:
@@ -141,7 +146,7 @@ def _step_lines(report: TopologyReport) -> list[str]:
         f"FLOPs per chip {report.flops_per_chip:.4g} / {chip.peak_flops / 1e12:.0f} TFLOP/s"
         if train.bytes_accessed is None
         else f"max(FLOPs per chip {report.flops_per_chip:.4g} / {chip.peak_flops / 1e12:.0f} "
-        f"TFLOP/s, bytes accessed / {chip.hbm_bandwidth / 1e9:.0f} GB/s)"
+        f"TFLOP/s, bytes {report.bytes_per_chip:.4g} / {chip.hbm_bandwidth / 1e9:.0f} GB/s)"
     )
     lines += [
         f"step time >= {report.step_time_lower_bound_s * 1e3:.4g} ms = {bound}; MFU ceiling "

@@ -1,5 +1,5 @@
 """What a compiled step costs: TPU chip and NVIDIA GPU figures, the collectives in XLA's HLO
-text, and the model's own FLOP count.
+text, and the model's own FLOP count (what the traced step computes: `train.traced_costs`).
 
 Used by `train.compile`; nothing here needs an accelerator, libtpu or the CUDA plugin.
 """
@@ -161,7 +161,10 @@ _ARRAY = re.compile(r"\b(" + "|".join(_ELEMENT_BYTES) + r")\[([\d,]*)\]")
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-done)?\("
 )
-_HEADER = re.compile(r"^(ENTRY\s+)?%(\S+)\s.*\{\s*$")
+_HEADER = re.compile(r"^(ENTRY\s+)?%(\S+)\s.*?(?:->\s*(.*?))?\s*\{\s*$")
+# libtpu's reduce-scatter: a fusion computation named `all-reduce-scatter.N` holding an
+# all-reduce of the whole array and the dynamic-slice of this chip's shard (its result).
+_REDUCE_SCATTER_FUSION = "all-reduce-scatter"
 _CALLEE = re.compile(
     r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%([\w.\-]+)"
 )
@@ -182,22 +185,25 @@ def _shape_bytes(shape: str) -> int:
     return total
 
 
-def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
-    """The HLO module's computations (name -> instruction lines) and the entry's name."""
+def _computations(hlo_text: str) -> tuple[dict[str, list[str]], dict[str, str], str]:
+    """The HLO module's computations (name -> instruction lines), their result shapes (name
+    -> the header's text after '->') and the entry's name."""
     computations: dict[str, list[str]] = {}
+    results: dict[str, str] = {}
     entry, current = "", None
     for line in hlo_text.splitlines():
         header = _HEADER.match(line)
         if header and current is None:
             current = header.group(2)
             computations[current] = []
+            results[current] = header.group(3) or ""
             if header.group(1):
                 entry = current
         elif line.strip() == "}" and current is not None:
             current = None
         elif current is not None:
             computations[current].append(line)
-    return computations, entry
+    return computations, results, entry
 
 
 def _trip_count(line: str, condition: list[str]) -> int | None:
@@ -221,6 +227,12 @@ def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
     whole instruction: pieces with the same `channel_id` within one loop iteration count
     once.
 
+    On TPUs a reduce-scatter is not a `reduce-scatter` instruction: libtpu fuses the all-reduce
+    of the whole array with the dynamic-slice keeping this chip's shard into one
+    `all-reduce-scatter` fusion, which it runs as a reduce-scatter (ring: each chip sends and
+    receives (n - 1) / n of the array once, half an all-reduce's traffic). An all-reduce inside
+    such a fusion counts as a reduce-scatter, its bytes the fusion's result (the shard).
+
     Args:
         hlo_text: the compiled program's HLO text (`jax.stages.Compiled.as_text()`).
 
@@ -228,7 +240,7 @@ def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
         ({kind: {'count', 'bytes'}} for every kind in COLLECTIVES, exact): `exact` is
         False when a loop's trip count could not be read (its collectives counted once).
     """
-    computations, entry = _computations(hlo_text)
+    computations, results, entry = _computations(hlo_text)
     loops: dict[str, tuple[dict[str, list[int]], bool]] = {}
 
     def per_iteration(root: str) -> tuple[dict[str, list[int]], bool]:
@@ -248,9 +260,10 @@ def collectives(hlo_text: str) -> tuple[dict[str, dict[str, int]], bool]:
                 if instruction:
                     channel = _CHANNEL.search(line)
                     key = channel.group(1) if channel else f"{name}:{number}"
-                    pieces.setdefault(
-                        key, (instruction.group(2), _shape_bytes(instruction.group(1)))
-                    )
+                    kind, shape = instruction.group(2), instruction.group(1)
+                    if kind == "all-reduce" and name.startswith(_REDUCE_SCATTER_FUSION):
+                        kind, shape = "reduce-scatter", results[name]
+                    pieces.setdefault(key, (kind, _shape_bytes(shape)))
                 callees = [callee for _, callee in _CALLEE.findall(line)]
                 for branches in _BRANCHES.findall(line):
                     callees += [b.strip().lstrip("%") for b in branches.split(",")]
@@ -326,73 +339,3 @@ def model_flops(model, input_shapes: Sequence[tuple[int, ...]]) -> int:
         )
         forward += batch * length * config.d_model * vocab
     return 3 * 2 * forward
-
-
-def _sub_jaxprs(value) -> list:
-    """The jaxprs in one equation parameter (a jaxpr, a closed jaxpr, or a tuple of them)."""
-    values = value if isinstance(value, tuple | list) else (value,)
-    return [getattr(v, "jaxpr", v) for v in values if hasattr(v, "eqns") or hasattr(v, "jaxpr")]
-
-
-# jax's cuDNN attention primitives (jax._src.cudnn.fused_attention_stablehlo): the matrix
-# products of each, in units of B*N*T*S*H multiply-adds. Forward: q k^T and weights v (2).
-# Backward (flash attention keeps no weights): q k^T again, then dV, dP, dQ, dK (5).
-_CUDNN_ATTENTION = {
-    "dot_product_attention_fwd": 2,
-    "dot_product_attention_fwd_wrapper": 2,
-    "dot_product_attention_bwd": 5,
-    "dot_product_attention_bwd_wrapper": 5,
-}
-_CUDNN_CAUSAL_MASKS = (2, 3)  # MaskType.CAUSAL, MaskType.PADDING_CAUSAL
-_CUDNN_BNTH = 1  # AttentionLayout.BNTH (else BTNH)
-
-
-def cudnn_attention_flops(eqn) -> int:
-    """FLOPs of one cuDNN attention equation (forward or backward) from its shapes: 2 per
-    multiply-add of its matrix products (`_CUDNN_ATTENTION`); a causal mask halves them, as
-    cuDNN skips the tiles above the diagonal (so the count stays a lower bound)."""
-    query, value = eqn.invars[0].aval.shape, eqn.invars[2].aval.shape
-    if eqn.params.get("layout") == _CUDNN_BNTH:
-        batch, heads, q_len, head_dim = query
-        kv_len = value[2]
-    else:
-        batch, q_len, heads, head_dim = query
-        kv_len = value[1]
-    products = _CUDNN_ATTENTION[eqn.primitive.name] * batch * heads * q_len * kv_len * head_dim
-    mask = getattr(eqn.params.get("mask_type"), "value", eqn.params.get("mask_type"))
-    if mask in _CUDNN_CAUSAL_MASKS:
-        products //= 2
-    return 2 * products
-
-
-def traced_matmul_flops(jaxpr) -> int:
-    """FLOPs of the matrix products (`dot_general`, and those inside cuDNN attention) a traced
-    program executes, over the whole (unsharded) arrays: 2 per multiply-add, a `scan` body
-    times its length, the forward that `remat` recomputes included; a `while` body (unknown
-    trips) counted once and the cheapest branch of a `cond`, so that the figure stays a
-    lower bound.
-
-    Args:
-        jaxpr: a traced function's jaxpr (`jax.jit(f).trace(*args).jaxpr`).
-    """
-    total = 0
-    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
-        if eqn.primitive.name in _CUDNN_ATTENTION:
-            total += cudnn_attention_flops(eqn)
-            continue
-        if eqn.primitive.name == "dot_general":
-            (contracting, _), _ = eqn.params["dimension_numbers"]
-            lhs = eqn.invars[0].aval.shape
-            out = eqn.outvars[0].aval.shape
-            products = 1
-            for size in (*out, *(lhs[d] for d in contracting)):
-                products *= size
-            total += 2 * products
-            continue
-        inner = [sub for value in eqn.params.values() for sub in _sub_jaxprs(value)]
-        if eqn.primitive.name == "cond":
-            total += min((traced_matmul_flops(sub) for sub in inner), default=0)
-            continue
-        times = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
-        total += times * sum(traced_matmul_flops(sub) for sub in inner)
-    return total

@@ -23,7 +23,7 @@ import jax
 from jax.experimental import topologies
 
 from flax_transformer import sharding as sharding_lib
-from train import compile_costs, config_lib, tasks, train_lib
+from train import compile_costs, config_lib, tasks, traced_costs, train_lib
 from train.cli import native_stderr_captured
 from train.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
 from train.packing import get_packer
@@ -156,9 +156,12 @@ class StepCost:
             e.g. the layers of `scan_layers=True`, counted once); None where XLA has no cost
             analysis for the backend (GPU executables: UNIMPLEMENTED in jax 0.10).
         traced_flops: FLOPs of the matrix products of the traced step over all chips, every
-            loop iteration and `remat` recomputation included
-            (`compile_costs.traced_matmul_flops`).
-        bytes_accessed: HBM bytes read and written, counted as the FLOPs are (None as they).
+            loop iteration and `remat` recomputation included, those inside cuDNN and splash
+            attention kernels too (`traced_costs.traced_costs`).
+        bytes_accessed: HBM bytes read and written, counted as the FLOPs are (None as they);
+            a Pallas kernel's operands and results count once at most.
+        kernel_bytes: HBM bytes the splash kernels move beyond their operands and results
+            once, over all chips (`traced_costs.splash_costs`; 0 without splash).
         collectives: {kind: {count, bytes}} (`compile_costs.collectives`).
         collectives_exact: False when a loop's trip count could not be read.
         loops: whether the program has while loops.
@@ -170,6 +173,7 @@ class StepCost:
     flops: float | None
     traced_flops: int
     bytes_accessed: float | None
+    kernel_bytes: int
     collectives: dict[str, dict[str, int]]
     collectives_exact: bool
     loops: bool
@@ -222,11 +226,13 @@ def _compile(jitted, *args) -> StepCost:
     cost = cost[0] if isinstance(cost, list | tuple) else cost  # older jax: one per device
     hlo = compiled.as_text()
     found, exact = compile_costs.collectives(hlo)
+    counted = traced_costs.traced_costs(traced.jaxpr)
     return StepCost(
         bytes=sizes,
         flops=float(cost.get("flops", 0.0)) if cost else None,
-        traced_flops=compile_costs.traced_matmul_flops(traced.jaxpr),
+        traced_flops=counted.flops,
         bytes_accessed=float(cost.get("bytes accessed", 0.0)) if cost else None,
+        kernel_bytes=counted.kernel_bytes,
         collectives=found,
         collectives_exact=exact,
         loops=" while(" in hlo,
@@ -271,12 +277,20 @@ class TopologyReport:
         return max(self.train.flops or 0.0, self.train.traced_flops / self.num_chips)
 
     @property
+    def bytes_per_chip(self) -> float | None:
+        """HBM bytes a chip reads and writes in a train step: XLA's count plus the splash
+        kernels' streaming it cannot see; None without XLA's cost analysis (GPUs)."""
+        if self.train.bytes_accessed is None:
+            return None
+        return self.train.bytes_accessed + self.train.kernel_bytes / self.num_chips
+
+    @property
     def step_time_lower_bound_s(self) -> float:
-        """max(FLOPs per chip / peak, HBM bytes accessed / bandwidth); without XLA's cost
+        """max(FLOPs per chip / peak, HBM bytes per chip / bandwidth); without XLA's cost
         analysis (GPUs) the FLOPs term alone."""
         return max(
             self.flops_per_chip / self.chip.peak_flops,
-            (self.train.bytes_accessed or 0.0) / self.chip.hbm_bandwidth,
+            (self.bytes_per_chip or 0.0) / self.chip.hbm_bandwidth,
         )
 
     @property
@@ -326,6 +340,7 @@ class TopologyReport:
             "xla_flops": train.flops * self.num_chips if train and train.flops else None,
             "model_flops": self.model_flops,
             "bytes_accessed": train.bytes_accessed if train else None,
+            "kernel_bytes_per_chip": train.kernel_bytes / self.num_chips if train else None,
             "step_time_lower_bound_s": self.step_time_lower_bound_s if train else None,
             "mfu_ceiling": self.mfu_ceiling if train else None,
             "collectives": train.collectives if train else None,

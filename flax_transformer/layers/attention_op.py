@@ -57,6 +57,8 @@ def splash_interpret():
 # Splash attention's tiles must be multiples of a TPU vector register's 128 lanes; the
 # largest of these that divides both sequence lengths is used (bigger tiles, fewer steps).
 SPLASH_BLOCKS = (512, 256, 128)
+# The named scope around the splash kernels, by causal flag (see `_splash`).
+SPLASH_SCOPES = {False: "splash_full_mask", True: "splash_causal_mask"}
 
 
 def attention_op(
@@ -271,7 +273,10 @@ def _splash(q_BTNH, k_BSKH, v_BSKH, mask, fn):
         id_axes = None if ids is None else splash.SegmentIds(0, 0)
         return jax.vmap(kernel, in_axes=(0, 0, 0, id_axes))(q_BNTH, k_BKSH, v_BKSH, ids)
 
-    out_BNTH = _over_mesh(one_shard, q_BNTH, k_BKSH, v_BKSH, ids, num_heads, kv_heads)
+    # The scope names the mask in the traced program, where `train.compile` counts the
+    # kernel's cost (the kernels' own operands cannot tell a causal mask from a full one).
+    with jax.named_scope(SPLASH_SCOPES[causal]):
+        out_BNTH = _over_mesh(one_shard, q_BNTH, k_BKSH, v_BKSH, ids, num_heads, kv_heads)
     out_BTNH = out_BNTH.transpose(0, 2, 1, 3)
     if visible_BT is not None:
         out_BTNH = jnp.where(visible_BT[:, :, None, None], out_BTNH, 0.0).astype(q_BTNH.dtype)
