@@ -22,7 +22,11 @@ with the corpus), and a checkpoint resumes exactly on another slice size. packin
 keeps attention within each document of a window; 'stream' lets it cross.
 
 A batch is 512 windows (1M tokens): 2 per chip of a v5e-256 slice, with parameters and Adam
-moments split over every chip (fsdp); layers rematerialised in the backward pass.
+moments split over every chip (fsdp); layers rematerialised in the backward pass. Attention
+runs in the Pallas splash kernel (TPU flash attention): on v5e:16x16 it takes the step from
+bound by HBM traffic (MFU ceiling 39.4% with 'xla' attention's float32 weights) to bound by
+its FLOPs (81.4%; benchmarks/RESULTS.md). Splash is TPU-only: elsewhere pass
+--config.model.attention_impl=cudnn (NVIDIA GPUs) or xla (CPUs, any device).
 """
 
 import ml_collections
@@ -45,6 +49,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.rope_base = 500000.0  # rotary frequency base (rope_theta 500000)
     config.model.dropout_rate = 0.0  # no dropout (Llama)
     config.model.dtype = "bfloat16"  # compute dtype; parameters and softmax stay float32
+    config.model.attention_impl = "splash"  # Pallas flash attention on TPUs (docstring)
     config.model.scan_layers = True  # nn.scan over layers: compile time flat in depth
     config.model.remat = True  # recompute each layer in the backward pass: activations fit
 
