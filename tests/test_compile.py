@@ -173,14 +173,23 @@ def test_unknown_topology_is_one_line_with_examples(topology):
     assert f"--topology={topology}:" in line and "v5e:16x16" in line and "v4:2x2x2" in line
 
 
-def test_without_libtpu_one_line_says_what_to_install(tmp_path):
-    hidden = tmp_path / "libtpu"  # shadows an installed libtpu
+@pytest.mark.parametrize(
+    ("package", "topology", "says", "requirements"),
+    [
+        ("libtpu", "v5e:2x2", "needs libtpu", "requirements-tpu.txt"),
+        ("jax_cuda12_plugin", "h100:1x8", "CUDA plugin", "requirements-gpu.txt"),
+    ],
+)
+def test_without_the_compiler_one_line_says_what_to_install(
+    tmp_path, package, topology, says, requirements
+):
+    hidden = tmp_path / package  # shadows an installed libtpu or CUDA plugin
     hidden.mkdir()
     (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    result = _compile("--topology=v5e:2x2", pythonpath=f"{tmp_path}:{REPO}")
+    result = _compile(f"--topology={topology}", pythonpath=f"{tmp_path}:{REPO}")
     assert result.returncode == 2
     line = _error_line(result)
-    assert "needs libtpu" in line and line.endswith("; pip install -r requirements-tpu.txt")
+    assert says in line and line.endswith(f"; pip install -r {requirements}")
 
 
 def test_abstract_batch_has_the_batcher_shapes():
@@ -459,13 +468,3 @@ def test_gpu_topologies_refuse_another_jax_platform():
     )
     assert result.returncode == 2
     assert "JAX_PLATFORMS=cuda" in _error_line(result) and "JAX_PLATFORMS=cpu" in result.stderr
-
-
-def test_without_the_cuda_plugin_one_line_says_what_to_install(tmp_path):
-    hidden = tmp_path / "jax_cuda12_plugin"  # shadows an installed plugin
-    hidden.mkdir()
-    (hidden / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    result = _compile("--topology=h100:1x8", pythonpath=f"{tmp_path}:{REPO}")
-    assert result.returncode == 2
-    line = _error_line(result)
-    assert "CUDA plugin" in line and line.endswith("; pip install -r requirements-gpu.txt")
