@@ -21,7 +21,7 @@ from train import batching, config_lib, input_pipeline, packing, steps
 from train.batching import RowShare
 from train.sections import DataConfig
 from train.tasks import TASKS, drop_target_tokens, get_task
-from train.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from train.tokenizer import BOS_ID, EOS_ID, PAD_ID, SpecialIds
 
 TRANSLATION, LM = TASKS["translation"], TASKS["lm"]
 
@@ -362,3 +362,28 @@ def test_packing_is_part_of_a_runs_identity():
     current.packing = "segments"
     assert config_lib.changed_identity_fields(saved, current) == ["packing"]
     assert config_lib.changed_identity_fields({**saved, "packed": True}, current) == ["packing"]
+
+
+@pytest.mark.parametrize("packer", ["none", "segments", "stream"])
+def test_a_tokenizer_with_other_special_ids_frames_and_pads_with_them(packer):
+    # A pretrained tokenizer's ids (pad appended after the vocabulary, BOS == EOS as in
+    # GPT-2) reach every slot: no default id 0/1/2 is left in a batch.
+    specials = SpecialIds(pad=V, bos=V - 1, eos=V - 1, unk=None)
+    documents = _documents(num=7)
+    sides = [LM.to_sides(document, specials) for document in documents]
+    assert all(s[0][0] == V - 1 and s[0][-1] == V - 1 for s in sides)
+    if packer == "none":
+        batches = batching.bucketed_batches(
+            LM.sides, sides, bucket_lengths=(MAX_LEN,), batch_size=4, pad_id=V
+        )
+    elif packer == "segments":
+        batches = packing.segment_batches(LM.sides, sides, length=MAX_LEN, batch_size=4, pad_id=V)
+    else:
+        batches = packing.stream_batches(LM.sides, sides, seq_len=MAX_LEN, batch_size=4, pad_id=V)
+    inputs = np.concatenate([b["inputs"] for b in batches])
+    # Every real token is counted once; the rest is the tokenizer's pad.
+    # (The stream is one sequence padded at its end: every token is an input there.)
+    real = sum(len(s[0]) for s in sides) - (len(sides) if packer != "stream" else 0)
+    assert sum(LM.tokens_in(b, V) for b in batches) == real
+    assert not np.isin(inputs, [PAD_ID, BOS_ID, EOS_ID]).any()
+    assert (inputs == V).any()

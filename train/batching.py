@@ -8,7 +8,8 @@ and its labels key with all but the first, so that the labels are the inputs shi
 - translation: `src` (B, L) the source ids; `tgt_in` (B, L) BOS + target ids (decoder input);
   `tgt_out` (B, L) target ids + EOS (labels). Source and target share the bucket length L.
 - language modelling: `inputs` (B, L) BOS + ids and `targets` (B, L) ids + EOS.
-Every array is int32, padded with PAD_ID (0). A batch's L is one of a few bucket lengths and
+Every array is int32, padded with the tokenizer's pad id (`pad_id`, PAD_ID = 0 for the
+tokenizers trained here). A batch's L is one of a few bucket lengths and
 its B is fixed per bucket, so the training step compiles once per bucket. Rows past the data
 are all padding (the loss masks them). `train.packing` packs rows instead (and holds the
 packer of every `config.packing` value, this bucketing among them).
@@ -204,9 +205,9 @@ def rows_per_batch(
     return sizes
 
 
-def fill_rows(rows: int, length: int, sequences) -> np.ndarray:
-    """Stacks sequences into a zero-padded (rows, length) int32 array."""
-    out = np.full((rows, length), PAD_ID, dtype=np.int32)
+def fill_rows(rows: int, length: int, sequences, pad_id: int = PAD_ID) -> np.ndarray:
+    """Stacks sequences into a (rows, length) int32 array padded with `pad_id`."""
+    out = np.full((rows, length), pad_id, dtype=np.int32)
     for row, sequence in enumerate(sequences):
         out[row, : len(sequence)] = sequence
     return out
@@ -251,6 +252,7 @@ def bucketed_batches(
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
     share: RowShare = WHOLE_BATCH,
+    pad_id: int = PAD_ID,
 ) -> list[Batch]:
     """Bucketed, padded batches, one example per row (`config.packing='none'`).
 
@@ -267,6 +269,7 @@ def bucketed_batches(
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
         share: the rows of each batch to build (this process's part); the plan is the same
             for every share.
+        pad_id: the tokenizer's pad id, in every slot without a token.
 
     Returns:
         Batches holding every side's keys, each int32 (B, L) (B / share.count rows of the
@@ -282,6 +285,8 @@ def bucketed_batches(
         for s, side in enumerate(sides):
             sequences = [side.sequences(example[s]) for example in chosen]
             for key in side.keys:
-                batch[key] = fill_rows(part.stop - part.start, length, [x[key] for x in sequences])
+                batch[key] = fill_rows(
+                    part.stop - part.start, length, [x[key] for x in sequences], pad_id
+                )
         batches.append(batch)
     return batches

@@ -129,12 +129,15 @@ def _check_hf_fields(data: DataConfig) -> None:
         )
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+def model_config(
+    config: ml_collections.ConfigDict, vocab_size: int, pad_id: int = PAD_ID
+) -> TransformerConfig:
     """The one conversion of `config.model` (+ data fields) into a TransformerConfig.
 
     Args:
         config: an experiment config.
         vocab_size: the tokenizer's vocabulary size (shared by source and target).
+        pad_id: the tokenizer's pad id.
 
     Returns:
         The frozen model config, with max_len = config.max_len and pad_id = the tokenizer's.
@@ -153,7 +156,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
             )
     try:
         return TransformerConfig(
-            vocab_size=vocab_size, max_len=config.max_len, pad_id=PAD_ID, **fields
+            vocab_size=vocab_size, max_len=config.max_len, pad_id=pad_id, **fields
         )
     except ValueError as err:
         raise ValueError(f"{err} (set it with --config.model.<field>=...)") from err

@@ -26,7 +26,7 @@ from train.packing import Packer, get_packer
 from train.rundir import RunDir
 from train.sections import DataConfig
 from train.tasks import Task, get_task
-from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, SpecialIds, Tokenizer
 
 # Below this many training examples (real ones, copies not counted) a run still works but
 # learns little that generalises, and its validation scores are noise: worth a warning.
@@ -241,7 +241,9 @@ def build_dataset(
     if packer.whole_examples:
         ids = _filter(data.max_len, task, ids)
     _warn_if_few(ids.train)
-    build_epoch, eval_batches = _batch(data, task, packer, ids, num_devices, share)
+    build_epoch, eval_batches = _batch(
+        data, task, packer, ids, num_devices, share, tokenizer.specials
+    )
     return Dataset(
         task=task,
         tokenizer=tokenizer,
@@ -387,16 +389,18 @@ def _batch(
     ids: _Examples,
     num_devices: int,
     share: RowShare,
+    specials: SpecialIds,
 ) -> tuple[Callable[[np.random.Generator], list], list]:
-    """(rng -> one epoch's training batches, the validation batches)."""
-    train = [task.to_sides(example) for example in ids.train + ids.copies]
-    valid = [task.to_sides(example) for example in ids.valid]
+    """(rng -> one epoch's training batches, the validation batches), marked and padded
+    with the tokenizer's `specials`."""
+    train = [task.to_sides(example, specials) for example in ids.train + ids.copies]
+    valid = [task.to_sides(example, specials) for example in ids.valid]
     eval_batches = packer.batches(
-        data, task.sides, valid, None, num_devices, share, evaluation=True
+        data, task.sides, valid, None, num_devices, share, evaluation=True, pad_id=specials.pad
     )
 
     def build_epoch(rng: np.random.Generator) -> list:
-        return packer.batches(data, task.sides, train, rng, num_devices, share)
+        return packer.batches(data, task.sides, train, rng, num_devices, share, pad_id=specials.pad)
 
     return build_epoch, eval_batches
 

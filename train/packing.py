@@ -121,10 +121,13 @@ def pack_rows(
     return rows
 
 
-def _fill_packed(rows: int, length: int, per_row: Sequence[Sequence[Sequence[int]]]):
-    """`(rows, length)` tokens and segment ids of rows holding the `per_row` sequences (each
-    row at least one), laid out with one scatter rather than a slice per sequence."""
-    tokens = np.full((rows, length), PAD_ID, dtype=np.int32)
+def _fill_packed(
+    rows: int, length: int, per_row: Sequence[Sequence[Sequence[int]]], pad_id: int = PAD_ID
+):
+    """`(rows, length)` tokens (`pad_id` where none) and segment ids of rows holding the
+    `per_row` sequences (each row at least one), laid out with one scatter rather than a
+    slice per sequence."""
+    tokens = np.full((rows, length), pad_id, dtype=np.int32)
     segments = np.zeros((rows, length), dtype=np.int32)
     ids = [sequence for row in per_row for sequence in row]
     if not ids:
@@ -179,6 +182,7 @@ def segment_batches(
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
     share: RowShare = WHOLE_BATCH,
+    pad_id: int = PAD_ID,
 ) -> list[Batch]:
     """Packed batches: rows of `length` slots on every side, each holding whole examples
     (`config.packing='segments'`).
@@ -197,6 +201,7 @@ def segment_batches(
             rows (its examples are then not seen this epoch).
         share: the rows of each batch to build (this process's part); the plan is the same
             for every share.
+        pad_id: the tokenizer's pad id, in every slot without a token.
 
     Returns:
         Batches of every side's token keys and then its segment ids, each int32 (B, L)
@@ -215,7 +220,7 @@ def segment_batches(
             per_row = [[side.sequences(examples[i][s]) for i in row] for row in members]
             for key in side.keys:
                 tokens[key], segments[side.segment_key] = _fill_packed(
-                    rows, length, [[x[key] for x in row] for row in per_row]
+                    rows, length, [[x[key] for x in row] for row in per_row], pad_id
                 )
         batches.append({**tokens, **segments})
     return batches
@@ -230,6 +235,7 @@ def stream_batches(
     rng: np.random.Generator | None = None,
     drop_remainder: bool = False,
     share: RowShare = WHOLE_BATCH,
+    pad_id: int = PAD_ID,
 ) -> list[Batch]:
     """Concatenates the examples into one stream and cuts it into (B, T) windows: no padding
     except at the very end, so every token trains (`config.packing='stream'`). Attention
@@ -243,6 +249,7 @@ def stream_batches(
         rng: shuffles example order before packing and batch order after; None keeps order.
         drop_remainder: drop the last, partly filled window and batch instead of padding.
         share: the rows of each batch to build (this process's part).
+        pad_id: the tokenizer's pad id, after the stream's end.
 
     Returns:
         Batches of the side's two keys (`inputs`, `targets`), each int32 (B, T)
@@ -266,7 +273,7 @@ def stream_batches(
     num_windows = max(len(stream) - 1, 0) // seq_len
     if not drop_remainder and (len(stream) - 1) % seq_len:
         num_windows += 1
-    padded = np.full((num_windows * seq_len + 1,), PAD_ID, dtype=np.int32)
+    padded = np.full((num_windows * seq_len + 1,), pad_id, dtype=np.int32)
     used = min(len(stream), padded.size)
     padded[:used] = stream[:used]
     windows = sides[0].sequences(padded)
@@ -279,7 +286,7 @@ def stream_batches(
         rows = slice(start + part.start, min(start + part.stop, num_windows))
         batches.append(
             {
-                key: fill_rows(part.stop - part.start, seq_len, value[rows])
+                key: fill_rows(part.stop - part.start, seq_len, value[rows], pad_id)
                 for key, value in windows.items()
             }
         )
@@ -322,6 +329,7 @@ class Packer:
         share: RowShare = WHOLE_BATCH,
         *,
         evaluation: bool = False,
+        pad_id: int = PAD_ID,
     ) -> list[Batch]:
         """Batches of the examples as the data section says; only `share`'s rows are built.
 
@@ -332,6 +340,7 @@ class Packer:
             num_devices: every batch's row count is a multiple of it.
             share: this process's rows of every batch.
             evaluation: validation batches (fixed order) rather than training ones.
+            pad_id: the tokenizer's pad id.
         """
         raise NotImplementedError
 
@@ -342,7 +351,16 @@ class Bucketing(Packer):
     name = "none"
 
     def batches(
-        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self,
+        data,
+        sides,
+        examples,
+        rng,
+        num_devices,
+        share=WHOLE_BATCH,
+        *,
+        evaluation=False,
+        pad_id=PAD_ID,
     ):
         del evaluation  # the same batches either way
         return bucketed_batches(
@@ -351,6 +369,7 @@ class Bucketing(Packer):
             bucket_lengths=data.bucket_lengths or default_bucket_lengths(data.max_len),
             rng=rng,
             share=share,
+            pad_id=pad_id,
             **_rows(data, num_devices),
         )
 
@@ -365,16 +384,28 @@ class Segments(Packer):
     name = "segments"
 
     def batches(
-        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self,
+        data,
+        sides,
+        examples,
+        rng,
+        num_devices,
+        share=WHOLE_BATCH,
+        *,
+        evaluation=False,
+        pad_id=PAD_ID,
     ):
         if evaluation:
-            return PACKERS["none"].batches(data, sides, examples, rng, num_devices, share)
+            return PACKERS["none"].batches(
+                data, sides, examples, rng, num_devices, share, pad_id=pad_id
+            )
         return segment_batches(
             sides,
             examples,
             length=data.max_len,
             rng=rng,
             share=share,
+            pad_id=pad_id,
             **_rows(data, num_devices),
         )
 
@@ -396,7 +427,16 @@ class Stream(Packer):
         super().check(data, num_devices, share)
 
     def batches(
-        self, data, sides, examples, rng, num_devices, share=WHOLE_BATCH, *, evaluation=False
+        self,
+        data,
+        sides,
+        examples,
+        rng,
+        num_devices,
+        share=WHOLE_BATCH,
+        *,
+        evaluation=False,
+        pad_id=PAD_ID,
     ):
         del num_devices, evaluation  # check() saw to the devices; validation streams too
         return stream_batches(
@@ -406,6 +446,7 @@ class Stream(Packer):
             batch_size=data.batch_size,
             rng=rng,
             share=share,
+            pad_id=pad_id,
         )
 
 

@@ -52,10 +52,14 @@ class WindowSource:
         split: 'train' or 'valid'.
         seq_len: T, the tokens of a window's inputs (the model's max_len).
         segments: add segment ids per document and mask cross-document labels.
+        pad_id: the tokenizer's pad id (what a masked label becomes).
     """
 
-    def __init__(self, store: TokenStore, split: str, seq_len: int, *, segments: bool):
+    def __init__(
+        self, store: TokenStore, split: str, seq_len: int, *, segments: bool, pad_id: int = PAD_ID
+    ):
         self.store, self.split, self.seq_len, self.segments = store, split, seq_len, segments
+        self.pad_id = pad_id
 
     def __len__(self) -> int:
         return max(self.store.num_tokens(self.split) - 1, 0) // self.seq_len
@@ -67,7 +71,7 @@ class WindowSource:
         example = {"inputs": chunk[:-1], "targets": chunk[1:].copy()}
         if self.segments:
             docs = self.store.documents_of(self.split, start, stop)
-            example["targets"][docs[1:] != docs[:-1]] = PAD_ID
+            example["targets"][docs[1:] != docs[:-1]] = self.pad_id
             example["segment_ids"] = (docs[:-1] - docs[0] + 1).astype(np.int32)
         return example
 
@@ -131,7 +135,11 @@ def eval_batches(
     if max_batches:
         count = min(count, max_batches)
     rows = _rows_of(share, batch_size)
-    empty = {key: np.zeros_like(value) for key, value in source[0].items()}
+    # Padding everywhere; segment id 0 marks padding too.
+    empty = {
+        key: np.full_like(value, 0 if key == "segment_ids" else source.pad_id)
+        for key, value in source[0].items()
+    }
     batches = []
     for b in range(count):
         items = [
@@ -206,8 +214,14 @@ def open_store_data(
         StoreError: a split too short for one window.
     """
     segments = data.packing == "segments"
-    train = WindowSource(store, "train", data.max_len, segments=segments)
-    valid = WindowSource(store, "valid", data.max_len, segments=segments)
+    tokenizer = (
+        ByteTokenizer()
+        if data.tokenizer == "byte"
+        else SentencePieceTokenizer(store.path / TOKENIZER_FILE)
+    )
+    pad_id = tokenizer.pad_id
+    train = WindowSource(store, "train", data.max_len, segments=segments, pad_id=pad_id)
+    valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id)
     for name, source in (("train", train), ("validation", valid)):
         if len(source) == 0:
             raise StoreError(
@@ -216,11 +230,6 @@ def open_store_data(
                 f"max_len + 1 = {data.max_len + 1} ; use a larger corpus, a smaller "
                 "--config.max_len, or (validation) a larger --config.valid_fraction."
             )
-    tokenizer = (
-        ByteTokenizer()
-        if data.tokenizer == "byte"
-        else SentencePieceTokenizer(store.path / TOKENIZER_FILE)
-    )
     labels = store.num_tokens("valid") - (store.num_documents("valid") if segments else 0)
     sizes = {
         "train": store.num_documents("train"),

@@ -60,7 +60,7 @@ from train.token_store import (
     store_settings,
     token_dtype,
 )
-from train.tokenizer import BOS_ID, EOS_ID, ByteTokenizer, SentencePieceTokenizer
+from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, SpecialIds
 
 # Documents tokenized per call of the tokenizer (bounded memory per worker).
 _DOCS_PER_CALL = 2048
@@ -134,13 +134,15 @@ def _load_tokenizer(store_dir: pathlib.Path, kind: str):
 
 
 class _SplitWriter:
-    """Appends documents (BOS ids EOS) to a split's token and offset files, hashing both."""
+    """Appends documents (BOS ids EOS, the tokenizer's `specials`) to a split's token and
+    offset files."""
 
-    def __init__(self, folder: pathlib.Path, split: str, dtype: np.dtype):
+    def __init__(self, folder: pathlib.Path, split: str, dtype: np.dtype, specials: SpecialIds):
         tokens_name, docs_name = split_files(split)
         self.names = (tokens_name, docs_name)
         self.files = [open(folder / tokens_name, "wb"), open(folder / docs_name, "wb")]  # noqa: SIM115
         self.dtype = dtype
+        self.specials = specials
         self.tokens = self.docs = self.chars = 0
 
     def add(self, docs_ids: list[list[int]], texts: list[str]) -> None:
@@ -149,9 +151,9 @@ class _SplitWriter:
         flat = np.empty((int(lengths.sum()),), self.dtype)
         position = 0
         for ids, length in zip(docs_ids, lengths, strict=True):
-            flat[position] = BOS_ID
+            flat[position] = self.specials.bos
             flat[position + 1 : position + length - 1] = ids
-            flat[position + length - 1] = EOS_ID
+            flat[position + length - 1] = self.specials.eos
             position += length
         self.files[0].write(flat.tobytes())
         self.files[1].write(starts.astype("<i8").tobytes())
@@ -178,7 +180,10 @@ def _write_shard(args) -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide a shared store from others
     try:
-        writers = {split: _SplitWriter(tmp, split, dtype) for split in ("train", "valid")}
+        writers = {
+            split: _SplitWriter(tmp, split, dtype, tokenizer.specials)
+            for split in ("train", "valid")
+        }
         batch: dict[str, list[str]] = {"train": [], "valid": []}
         skipped_test = 0
 

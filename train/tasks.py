@@ -30,7 +30,7 @@ from train import distributed, inference
 from train.batching import Side, SideTokens, example_slots
 from train.inference import cut_at_eos, sample_text
 from train.sections import EvalConfig
-from train.tokenizer import BOS_ID, EOS_ID, NUM_SPECIAL_IDS, Tokenizer
+from train.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS, PAD_ID, SpecialIds, Tokenizer
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -141,9 +141,9 @@ class Task:
         (`train.compile` builds its abstract batches so)."""
         raise NotImplementedError
 
-    def to_sides(self, example) -> SideTokens:
-        """A tokenized example's ids on each of `sides`, with BOS and EOS around a side that
-        has labels."""
+    def to_sides(self, example, specials: SpecialIds = DEFAULT_SPECIALS) -> SideTokens:
+        """A tokenized example's ids on each of `sides`, with the tokenizer's BOS and EOS
+        (`specials`) around a side that has labels."""
         raise NotImplementedError
 
     def targets(self, examples: Sequence) -> list:
@@ -159,9 +159,9 @@ class Task:
         """The padded length a tokenized example needs: its longest side's slots."""
         return example_slots(self.sides, self.to_sides(example))
 
-    def tokens_in(self, batch: Batch) -> int:
-        """Non-padding tokens fed to the model by a numpy batch."""
-        return int(sum(np.count_nonzero(batch[key]) for key in self.model_inputs))
+    def tokens_in(self, batch: Batch, pad_id: int = PAD_ID) -> int:
+        """Non-padding tokens fed to the model by a numpy batch (`pad_id`: the tokenizer's)."""
+        return int(sum(np.count_nonzero(batch[key] != pad_id) for key in self.model_inputs))
 
     def drop_decoder_inputs(self, batch, rate: float, key, *, unk_id: int, pad_id: int):
         """The batch with word dropout applied to its decoder inputs, where the task has any."""
@@ -262,9 +262,9 @@ class TranslationTask(Task):
     def synthetic_example(self, length):
         return [NUM_SPECIAL_IDS] * length, [NUM_SPECIAL_IDS] * (length - 1)
 
-    def to_sides(self, example):
+    def to_sides(self, example, specials=DEFAULT_SPECIALS):
         source, target = example
-        return source, [BOS_ID, *target, EOS_ID]
+        return source, [specials.bos, *target, specials.eos]
 
     def targets(self, examples):
         return [target for _, target in examples]
@@ -392,8 +392,8 @@ class LanguageModelTask(Task):
     def synthetic_example(self, length):
         return [NUM_SPECIAL_IDS] * (length - 1)
 
-    def to_sides(self, example):
-        return ([BOS_ID, *example, EOS_ID],)
+    def to_sides(self, example, specials=DEFAULT_SPECIALS):
+        return ([specials.bos, *example, specials.eos],)
 
     def targets(self, examples):
         return list(examples)

@@ -1,13 +1,17 @@
-"""Tokenizers: text <-> token ids, with one interface for bytes and SentencePiece.
+"""Tokenizers: text <-> token ids, with one interface for bytes, SentencePiece and a
+pretrained model's own tokenizer (`train.hf_tokenizer`).
 
 Every tokenizer has `encode(str) -> list[int]`, `decode(list[int]) -> str`, `vocab_size`,
-`pad_id`, `bos_id` and `eos_id`, and the special ids are the same for all of them, so the
-model config (`pad_id=0`) and the batching code never depend on which tokenizer is in use.
+`pad_id`, `bos_id`, `eos_id` and `unk_id`, gathered as `specials` (a `SpecialIds`). The
+tokenizers trained here share one set (`DEFAULT_SPECIALS`: pad 0, bos 1, eos 2, unk 3); a
+pretrained model's tokenizer has its own, so the batching code and the model config
+(`pad_id`) take the ids from the run's tokenizer, never from the constants below.
 `encode` adds no BOS/EOS: the batching code adds them where the task needs them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -41,12 +45,36 @@ DEFAULT_NUM_THREADS = 2
 SPM_MODEL_TYPE = "unigram"
 
 
+@dataclasses.dataclass(frozen=True)
+class SpecialIds:
+    """A tokenizer's special ids: padding (masked in attention and the loss), the start and
+    end marks the batching puts around every sequence, and the unknown piece (what word
+    dropout writes).
+
+    Attributes:
+        pad, bos, eos, unk: the ids; bos may equal eos (GPT-2 marks both with one token).
+    """
+
+    pad: int = PAD_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
+    unk: int = UNK_ID
+
+
+# The special ids of the tokenizers trained here (bytes, SentencePiece).
+DEFAULT_SPECIALS = SpecialIds()
+
+
 class Tokenizer(Protocol):
     """What the training program needs from a tokenizer."""
 
     pad_id: int
     bos_id: int
     eos_id: int
+    unk_id: int
+
+    @property
+    def specials(self) -> SpecialIds: ...
 
     @property
     def vocab_size(self) -> int: ...
@@ -80,6 +108,8 @@ class ByteTokenizer:
     bos_id = BOS_ID
     eos_id = EOS_ID
     unk_id = UNK_ID
+
+    specials = DEFAULT_SPECIALS
 
     @property
     def vocab_size(self) -> int:
@@ -155,6 +185,7 @@ class SentencePieceTokenizer:
     bos_id = BOS_ID
     eos_id = EOS_ID
     unk_id = UNK_ID
+    specials = DEFAULT_SPECIALS
 
     def __init__(self, model_path: str | os.PathLike, *, was_trained: bool = False):
         """Loads a model file.

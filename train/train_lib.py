@@ -365,6 +365,7 @@ def _run(
     writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
     log = TrainLog(checkpointer)
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
+    pad_id = dataset.tokenizer.pad_id
     eval_batches = dataset.eval_batches[: evaluation.num_eval_batches or None]
 
     def run_eval(step: int) -> dict:
@@ -390,7 +391,7 @@ def _run(
             batch = next(stream)
             state, metrics = train_step(state, put_batch(batch))
             # This process's rows only: with equal shares, times the share count is the whole.
-            log.add(step, metrics, task.tokens_in(batch) * share.count)
+            log.add(step, metrics, task.tokens_in(batch, pad_id) * share.count)
             bar.update(1)
             if step % settings.log_every_steps == 0 or step == total:
                 summary = log.check()
