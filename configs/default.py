@@ -73,7 +73,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.hf_fields = ""  # corpus='hf': dotted field paths, 'src,tgt' (translation) or 'text'
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
-    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split) or 'byte'
+    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split), 'byte',
+    # or 'pretrained' (the tokenizer.json of init_from's model)
     config.vocab_size = 4000  # SentencePiece pieces incl. 4 special ids (ignored for 'byte')
     config.max_len = 96  # longest example in tokens (longer ones dropped) = model max_len
     config.bucket_lengths = (24, 40, 64, 96)  # batch lengths (few: each one compiles); () =
@@ -97,6 +98,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.loader_threads = 4  # store: threads reading and prefetching batches per process
 
     config.model = get_model_config()
+    config.init_from = ""  # a Hugging Face GPT-2 or Llama directory (save_pretrained) to
+    # fine-tune: its config decides the model's architecture (leave those config.model fields
+    # None, as configs/finetune_gpt2.py does) and needs tokenizer='pretrained'
 
     # Optimisation.
     config.optimizer = "adam"  # 'adam' or 'adamw' (decoupled weight decay)
@@ -110,6 +114,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.weight_decay = 0.0  # decoupled weight decay, optimizer='adamw' only
     config.grad_clip_norm = 1.0  # clip the global gradient norm to this; 0 disables
     config.grad_accum_steps = 1  # micro-batches per optimizer update (optax.MultiSteps)
+    config.freeze = ""  # init_from: parameter groups not trained, comma-separated:
+    # 'embeddings' (token and position tables), 'layers:N' (the first N layers); with LoRA
+    # (model.lora_rank > 0) every pretrained parameter is frozen and only adapters train
+    config.pretrained_lr_scale = 1.0  # init_from: the pretrained parameters' learning rate
+    # as a share of learning_rate (new parameters, e.g. LoRA adapters, take all of it)
     config.label_smoothing = 0.1  # paper 5.4; validation loss is reported without it
     config.target_token_dropout = 0.0  # translation: decoder inputs replaced by <unk> at this
     # rate while training (word dropout), so the decoder leans on the source sooner

@@ -4,6 +4,7 @@ The paper-sized models are checked at full size with `jax.eval_shape` (no memory
 """
 
 import importlib
+import json
 import math
 import pathlib
 
@@ -24,8 +25,24 @@ PAPER_VOCAB = 37000
 PAPER_PARAMS = {"transformer_base": 65e6, "transformer_big": 213e6}
 
 
-def _config(name):
-    return importlib.import_module(f"configs.{name}").get_config()
+# Configs that fine-tune a local Hugging Face directory: given a tiny one made offline.
+FROM_PRETRAINED = {"finetune_gpt2"}
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from train.tiny_pretrained import write_tiny_model
+
+    texts = ["In the beginning God created the heaven and the earth."] * 20
+    return write_tiny_model(tmp_path_factory.mktemp("hf") / "gpt2", texts=texts, vocab_size=300)
+
+
+def _config(name, request=None):
+    config = importlib.import_module(f"configs.{name}").get_config()
+    if name in FROM_PRETRAINED:
+        config.init_from = str(request.getfixturevalue("tiny_hf_dir"))
+    return config
 
 
 def test_all_configs_are_listed():
@@ -33,9 +50,13 @@ def test_all_configs_are_listed():
 
 
 @pytest.mark.parametrize("name", CONFIG_NAMES)
-def test_config_validates_and_converts(name):
-    config = _config(name)
-    config_lib.validate_config(config)
+def test_config_validates_and_converts(name, request):
+    config = _config(name, request)
+    experiment = config_lib.validate_config(config)
+    if name in FROM_PRETRAINED:  # the model is the directory's: its vocabulary + a pad id
+        hf = json.loads((pathlib.Path(config.init_from) / "config.json").read_text())
+        assert experiment.model.pad_id == experiment.model.vocab_size - 1 == hf["vocab_size"]
+        return
     model_config = config_lib.model_config(config, vocab_size=1000)
     assert model_config.max_len == config.max_len
     assert model_config.pad_id == 0
@@ -64,10 +85,11 @@ def test_paper_learning_rate_schedule():
 @pytest.mark.parametrize(
     "name", [n if n == "default" else pytest.param(n, marks=pytest.mark.slow) for n in CONFIG_NAMES]
 )
-def test_one_train_step_at_tiny_size(name):
-    config = _config(name)
+def test_one_train_step_at_tiny_size(name, request):
+    config = _config(name, request)
     with config.unlocked():
-        config.model.update(d_model=16, num_heads=2, d_ff=32, num_layers=1)
+        if name not in FROM_PRETRAINED:  # (a pretrained model is already tiny)
+            config.model.update(d_model=16, num_heads=2, d_ff=32, num_layers=1)
         if config.model.num_kv_heads:  # grouped-query configs: one K/V head for the two
             config.model.num_kv_heads = 1
         if config.model.attention_impl == "splash":  # a TPU kernel; this step runs on a CPU
@@ -76,7 +98,7 @@ def test_one_train_step_at_tiny_size(name):
         config.bucket_lengths = ()
         config.max_decode_len = 0
     experiment = config_lib.validate_config(config)
-    vocab = 50
+    vocab = experiment.model.vocab_size if name in FROM_PRETRAINED else 50
     task = tasks.get_task(config.task)
     mesh = sharding.make_mesh(data=-1)
     program = train_lib.build_program(experiment, task, mesh, vocab, unk_id=3)
@@ -85,7 +107,8 @@ def test_one_train_step_at_tiny_size(name):
     train_step, put_batch = program.train_step, program.put_batch
     rng = np.random.default_rng(0)
     keys = ("src", "tgt_in", "tgt_out") if config.task == "translation" else ("inputs", "targets")
-    batch = {k: rng.integers(1, vocab, (4, 8), dtype=np.int32) for k in keys}
+    high = experiment.model.pad_id if name in FROM_PRETRAINED else vocab  # no pad id
+    batch = {k: rng.integers(1, high, (4, 8), dtype=np.int32) for k in keys}
     for _ in range(config.grad_accum_steps):
         state, metrics = train_step(state, put_batch(batch))
     assert int(state.step) == config.grad_accum_steps

@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train import finetune, pretrained
 from train.cli import DamagedFileError
 from train.rundir import RunDir, read_json
 from train.sections import (
@@ -53,7 +54,9 @@ __all__ = [
 IDENTITY_FIELDS = (*DataConfig.identity_fields(), *RunConfig.IDENTITY, "model")
 
 
-def validate_config(config: ml_collections.ConfigDict) -> Experiment:
+def validate_config(
+    config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None
+) -> Experiment:
     """The config's sections, or ValueError for the first field out of range or inconsistent.
 
     The one checked path from a config to its sections: training, `train.compile`,
@@ -61,6 +64,9 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
 
     Args:
         config: an experiment config (see `configs/default.py` for every field).
+        workdir: the run directory, where a run from pretrained weights keeps its copy of
+            the model's config and tokenizer (`train.pretrained.open_source`); None reads
+            `--config.init_from` itself.
 
     Returns:
         The `Experiment` (frozen sections) the run reads.
@@ -81,8 +87,13 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
     _check_task(config)
     data = DataConfig.from_config(config)
     _check_hf_fields(data)
-    model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
+    if data.init_from:
+        model = _pretrained_model(config, data, workdir)
+    else:
+        model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
     optimizer = OptimizerConfig.from_config(config)
+    if optimizer.freeze or optimizer.pretrained_lr_scale != 1.0:
+        finetune.check_freeze(optimizer, model, bool(data.init_from))
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
     return Experiment(
         data=data,
@@ -93,6 +104,25 @@ def validate_config(config: ml_collections.ConfigDict) -> Experiment:
         eval=EvalConfig.from_config(config),
         run=run,
     )
+
+
+def _pretrained_model(
+    config: ml_collections.ConfigDict, data: DataConfig, workdir: str | os.PathLike | None
+) -> TransformerConfig:
+    """The model of `--config.init_from`'s directory with the run's own model choices
+    (`train.pretrained.merge_model_config`), checked against the data fields."""
+    if data.task != "lm":
+        raise fail("task", data.task, "init_from starts a decoder-only model: use task='lm'")
+    source = pretrained.open_source(data.init_from, workdir)
+    model = pretrained.merge_model_config(source, dict(config.model))
+    if data.max_len > model.max_len:
+        raise fail(
+            "max_len",
+            data.max_len,
+            f"the pretrained model at {data.init_from} holds sequences of at most "
+            f"{model.max_len} tokens; choose max_len <= {model.max_len}",
+        )
+    return model
 
 
 def _check_task(config: ml_collections.ConfigDict) -> None:
@@ -222,7 +252,7 @@ def read_saved(
     saved.pop("packed", None)
     config = ml_collections.ConfigDict({**default.get_config().to_dict(), **saved})
     try:
-        return config, validate_config(config)
+        return config, validate_config(config, workdir=run.path)
     except ValueError as err:
         raise ValueError(
             f"{path} records {err} ; correct the value in the file (this version of the "

@@ -31,11 +31,11 @@ def cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:
     return ids[: ids.index(eos_id)] if eos_id in ids else ids
 
 
-def _pad_rows(rows: list[list[int]], num_rows: int, length: int) -> np.ndarray:
-    """(num_rows, length) int32, right-padded; missing rows repeat the last one, so they
-    finish decoding with it instead of running to the length limit."""
+def _pad_rows(rows: list[list[int]], num_rows: int, length: int, pad_id: int) -> np.ndarray:
+    """(num_rows, length) int32, right-padded with `pad_id`; missing rows repeat the last
+    one, so they finish decoding with it instead of running to the length limit."""
     rows = rows + [rows[-1]] * (num_rows - len(rows))
-    out = np.zeros((num_rows, length), np.int32)
+    out = np.full((num_rows, length), pad_id, np.int32)
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
@@ -85,7 +85,7 @@ def translate(
         generated = generate_translation(
             model,
             {"params": params},
-            _pad_rows(rows, size, length),
+            _pad_rows(rows, size, length, tokenizer.pad_id),
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
             max_new_tokens=max_new,
@@ -141,7 +141,7 @@ def sample_text(
     generated = generate_text(
         model,
         {"params": params},
-        _pad_rows(rows, len(rows), longest),
+        _pad_rows(rows, len(rows), longest, tokenizer.pad_id),
         np.asarray([len(r) for r in rows], np.int32),
         eos_id=tokenizer.eos_id,
         max_new_tokens=max_new,

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from flax_transformer.inputs import check_token_range
-from train import corpora, store_pipeline
+from train import corpora, pretrained, store_pipeline
 from train.batching import WHOLE_BATCH, RowShare, filter_by_length
 from train.packing import Packer, get_packer
 from train.rundir import RunDir
@@ -161,7 +161,8 @@ def make_tokenizer(
     cached in the run directory.
 
     Args:
-        kind: 'byte' or 'sentencepiece' (`--config.tokenizer`).
+        kind: 'byte', 'sentencepiece' or 'pretrained' (`--config.tokenizer`; the last reads
+            the run's copy of the pretrained model's tokenizer, `train.pretrained.snapshot`).
         vocab_size: SentencePiece pieces (`--config.vocab_size`; unused for 'byte').
         run: the run directory, where the SentencePiece model is cached.
         train_texts: every sentence of the training split (`Task.sentences`), needed only
@@ -172,6 +173,10 @@ def make_tokenizer(
     """
     if kind == "byte":
         return ByteTokenizer()
+    if kind == "pretrained":
+        return pretrained.read_source(
+            run.path / pretrained.SNAPSHOT_DIR, need_weights=False
+        ).tokenizer()
     model_path = run.tokenizer_model(vocab_size)
     if train_texts is None:
         return SentencePieceTokenizer(model_path)

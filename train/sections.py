@@ -34,7 +34,7 @@ import optax
 from flax_transformer import Beam, Greedy, Sample, TransformerConfig
 
 CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
-TOKENIZERS = ("sentencepiece", "byte")
+TOKENIZERS = ("sentencepiece", "byte", "pretrained")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -139,6 +139,9 @@ class DataConfig(_ReadByName):
     store_shard_bytes: int = 64 << 20
     prepare_workers: int = 0
     loader_threads: int = 4
+    # A pretrained model directory (train.pretrained): its weights start the run and its
+    # tokenizer is the run's (tokenizer='pretrained').
+    init_from: str = ""
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own
@@ -187,11 +190,32 @@ class DataConfig(_ReadByName):
             raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
         if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
             raise fail("vocab_size", self.vocab_size, "must exceed the 4 special ids")
+        if self.tokenizer == "pretrained" and not self.init_from:
+            raise fail(
+                "init_from",
+                self.init_from,
+                "tokenizer='pretrained' reads the tokenizer of a pretrained model: give its "
+                "Hugging Face directory (config.json, model.safetensors, tokenizer.json)",
+            )
+        if self.init_from and self.tokenizer != "pretrained":
+            raise fail(
+                "tokenizer",
+                self.tokenizer,
+                "a pretrained model reads text with its own tokenizer: set "
+                "--config.tokenizer='pretrained' with --config.init_from",
+            )
         if self.store_dir:
             self._check_store()
 
     def _check_store(self) -> None:
         """A token store holds one-sided documents read as max_len windows."""
+        if self.tokenizer == "pretrained":
+            raise fail(
+                "store_dir",
+                self.store_dir,
+                "a token store of a pretrained model's tokenizer is not supported yet; set "
+                "--config.store_dir='' to read the corpus in memory",
+            )
         if self.task != "lm":
             raise fail(
                 "store_dir",
@@ -256,12 +280,15 @@ class ScheduleConfig:
         warmup_steps: linear warm-up, in updates.
         num_updates: updates in the whole run (`num_train_steps // grad_accum_steps`, at least
             1): where the cosine reaches 0.
+        fine_tuning: the run starts from pretrained weights (`--config.init_from`), where a
+            learning rate of 0 is allowed (to evaluate and sample the pretrained model as is).
     """
 
     schedule: str
     learning_rate: float
     warmup_steps: int
     num_updates: int
+    fine_tuning: bool = False
 
     @classmethod
     def from_config(
@@ -274,14 +301,20 @@ class ScheduleConfig:
             learning_rate=config.learning_rate,
             warmup_steps=config.warmup_steps,
             num_updates=max(run.num_train_steps // optimizer.grad_accum_steps, 1),
+            fine_tuning=bool(config.get("init_from")),
         )
 
     def __post_init__(self):
         _check_choice(self, "schedule", SCHEDULES)
         _check_non_negative_ints(self, "warmup_steps")
         _check_non_negative(self, "learning_rate")
-        if self.learning_rate == 0:
-            raise fail("learning_rate", self.learning_rate, "must be > 0")
+        if self.learning_rate == 0 and not self.fine_tuning:
+            raise fail(
+                "learning_rate",
+                self.learning_rate,
+                "must be > 0 (0 is allowed with --config.init_from, to evaluate a pretrained "
+                "model unchanged)",
+            )
 
     def build(self) -> optax.Schedule:
         """Learning rate as a function of the optimizer update count (from 0).
@@ -320,9 +353,11 @@ class ScheduleConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(_ReadByName):
-    """Global-norm clipping, then Adam or AdamW; gradient accumulation (`build`).
+    """Global-norm clipping, then Adam or AdamW; gradient accumulation; for fine-tuning,
+    parameter groups frozen or trained at a lower rate (`build`).
 
-    Attributes: the config fields of the same names.
+    Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
+    take effect with `--config.init_from` (`train.finetune` gives each parameter its group).
     """
 
     optimizer: str
@@ -332,26 +367,66 @@ class OptimizerConfig(_ReadByName):
     weight_decay: float
     grad_clip_norm: float
     grad_accum_steps: int
+    freeze: str = ""
+    pretrained_lr_scale: float = 1.0
 
     def __post_init__(self):
         _check_choice(self, "optimizer", OPTIMIZERS)
         _check_positive_ints(self, "grad_accum_steps")
         _check_non_negative(self, "b1", "b2", "eps", "weight_decay", "grad_clip_norm")
+        if not _is_real(self.pretrained_lr_scale) or not 0 <= self.pretrained_lr_scale <= 1:
+            raise fail(
+                "pretrained_lr_scale",
+                self.pretrained_lr_scale,
+                "must be in [0, 1]: the pretrained parameters' share of the learning rate",
+            )
 
-    def build(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+    def _adam(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+        if self.optimizer == "adamw":
+            return optax.adamw(
+                schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay
+            )
+        return optax.adam(schedule, b1=self.b1, b2=self.b2, eps=self.eps)
+
+    def build(
+        self, schedule: optax.Schedule, param_labels: Any = None
+    ) -> optax.GradientTransformation:
         """The optax transformation on `schedule` (`ScheduleConfig.build`).
 
         With `grad_accum_steps = k > 1`, `optax.MultiSteps` averages k micro-batch gradients
         and updates the parameters on every k-th call (the schedule counts updates, not calls).
+
+        Args:
+            schedule: the learning rate over updates.
+            param_labels: None (every parameter trains at `schedule`), or a callable from
+                the parameters to a tree of labels (`train.finetune.param_labels`): 'train'
+                at the full rate, 'pretrained' at `pretrained_lr_scale` of it, 'frozen' not
+                updated and holding no optimizer state (`optax.multi_transform`). Frozen
+                gradients are zeroed before clipping, so they do not count in its norm.
         """
-        if self.optimizer == "adamw":
-            opt = optax.adamw(
-                schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay
-            )
+        if param_labels is None:
+            opt = self._adam(schedule)
+            if self.grad_clip_norm:
+                opt = optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), opt)
         else:
-            opt = optax.adam(schedule, b1=self.b1, b2=self.b2, eps=self.eps)
-        if self.grad_clip_norm:
-            opt = optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), opt)
+            scale = self.pretrained_lr_scale
+            groups = {
+                "train": self._adam(schedule),
+                "pretrained": self._adam(lambda count: scale * schedule(count)),
+                "frozen": optax.set_to_zero(),
+            }
+            zero_frozen = optax.multi_transform(
+                {
+                    "train": optax.identity(),
+                    "pretrained": optax.identity(),
+                    "frozen": optax.set_to_zero(),
+                },
+                param_labels,
+            )
+            parts = [zero_frozen]
+            if self.grad_clip_norm:
+                parts.append(optax.clip_by_global_norm(self.grad_clip_norm))
+            opt = optax.chain(*parts, optax.multi_transform(groups, param_labels))
         if self.grad_accum_steps > 1:
             opt = optax.MultiSteps(opt, every_k_schedule=self.grad_accum_steps)
         return opt

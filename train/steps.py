@@ -87,10 +87,17 @@ def train_state_shapes(
     boxed = jax.eval_shape(_boxed_init(model, task, tx, seed, rng_impl))
     rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
     shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    # A multi_transform optimizer (fine-tuning groups) holds `optax.MaskedNode`s, empty
+    # tuples that flax reads as partition specs: they stay as they are.
     return jax.tree.map(
-        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        lambda leaf, sharding: (
+            leaf
+            if isinstance(leaf, optax.MaskedNode)
+            else jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+        ),
         nn.unbox(boxed),
         shardings,
+        is_leaf=lambda x: isinstance(x, optax.MaskedNode),
     )
 
 
@@ -101,6 +108,8 @@ def create_train_state(
     mesh: jax.sharding.Mesh,
     seed: int,
     rng_impl: str,
+    *,
+    pretrained: Any = None,
 ) -> TrainState:
     """Initial state, created directly in its placement on the mesh (one compiled program).
 
@@ -113,16 +122,47 @@ def create_train_state(
         mesh: the device mesh.
         seed: parameter init uses key(seed); dropout uses fold_in(key(seed), 1).
         rng_impl: the PRNG implementation of the dropout key.
+        pretrained: None, or a nested dict of parameters (a subtree of the model's, e.g.
+            all but LoRA adapters) that replace the initial ones. Each is placed with its
+            parameter's sharding before the program runs, and the random values it replaces
+            are never computed (XLA drops what no output uses).
 
     Returns:
         The TrainState at step 0, each leaf with its NamedSharding.
+
+    Raises:
+        ValueError: a pretrained parameter the model does not have, or of another shape.
     """
     shapes = train_state_shapes(model, task, tx, mesh, seed, rng_impl)
     shardings = jax.tree.map(lambda leaf: leaf.sharding, shapes)
     init_boxed = _boxed_init(model, task, tx, seed, rng_impl)
     rules = sharding_lib.model_rules(getattr(model, "config", None), mesh)
-    init = sharding_lib.on_mesh(lambda: nn.unbox(init_boxed()), mesh, rules)
-    return jax.jit(init, out_shardings=shardings)()
+    if pretrained is None:
+        init = sharding_lib.on_mesh(lambda: nn.unbox(init_boxed()), mesh, rules)
+        return jax.jit(init, out_shardings=shardings)()
+    want = flax.traverse_util.flatten_dict(shapes.params)
+    loaded = flax.traverse_util.flatten_dict(pretrained)
+    for path, value in loaded.items():
+        if path not in want or tuple(value.shape) != want[path].shape:
+            expected = want[path].shape if path in want else "no such parameter"
+            raise ValueError(
+                f"pretrained parameter {'/'.join(path)} {tuple(value.shape)} does not fit the "
+                f"model ({expected})."
+            )
+    placed = {
+        path: jax.device_put(jnp.asarray(value, want[path].dtype), want[path].sharding)
+        for path, value in loaded.items()
+    }
+
+    def init_from(placed):
+        state = nn.unbox(init_boxed())
+        params = flax.traverse_util.flatten_dict(state.params)
+        params.update(placed)
+        params = flax.traverse_util.unflatten_dict(params)
+        return state.replace(params=params, opt_state=tx.init(params))
+
+    init = sharding_lib.on_mesh(init_from, mesh, rules)
+    return jax.jit(init, out_shardings=shardings, donate_argnums=0)(placed)
 
 
 def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
@@ -149,6 +189,7 @@ def train_step(
     target_token_dropout: float = 0.0,
     unk_id: int = UNK_ID,
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+    drop_pad_logit: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
 
@@ -163,6 +204,9 @@ def train_step(
         unk_id: the id that dropped decoder inputs become.
         learning_rate: the rate of this step's update as a function of the micro-batch
             steps done before it (`state.step`); reported in the metrics when given.
+        drop_pad_logit: the pad id is an id added after the vocabulary (an imported
+            checkpoint, `train.hf_tokenizer`): its logit, the last, is left out of the
+            softmax, so the loss is the checkpoint's own over its V ids.
 
     Returns:
         (new state, metric sums: loss, nll, correct, tokens; grad_norm and learning_rate
@@ -181,6 +225,8 @@ def train_step(
         logits, labels = task.logits_and_labels(
             model, params, batch, deterministic=False, rngs={"dropout": dropout_key}
         )
+        if drop_pad_logit:
+            logits = logits[..., : model.config.pad_id]
         loss, weights = label_smoothed_cross_entropy(
             logits, labels, label_smoothing=label_smoothing, pad_id=model.config.pad_id
         )
@@ -204,15 +250,23 @@ def train_step(
 
 
 def eval_step(
-    params: Any, batch: dict[str, jax.Array], *, model: nn.Module, task: Task
+    params: Any,
+    batch: dict[str, jax.Array],
+    *,
+    model: nn.Module,
+    task: Task,
+    drop_pad_logit: bool = False,
 ) -> dict[str, jax.Array]:
-    """Metric sums of one validation batch, without label smoothing or dropout.
+    """Metric sums of one validation batch, without label smoothing or dropout
+    (`drop_pad_logit` as in `train_step`).
 
     Returns:
         {'loss', 'nll', 'correct', 'tokens'} summed over non-padding target tokens
         ('loss' equals 'nll' here).
     """
     logits, labels = task.logits_and_labels(model, params, batch, deterministic=True)
+    if drop_pad_logit:
+        logits = logits[..., : model.config.pad_id]
     nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
     return _token_metrics(logits, labels, nll, weights)
 
@@ -230,6 +284,7 @@ def jit_steps(
     unk_id: int = UNK_ID,
     share: RowShare = WHOLE_BATCH,
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
+    drop_pad_logit: bool = False,
 ) -> tuple[Callable, Callable, Callable]:
     """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
 
@@ -239,8 +294,8 @@ def jit_steps(
         state: the TrainState, or its `train_state_shapes` (only its shardings are read).
         share: the rows of each global batch that this process's numpy batches hold
             (`train.distributed.batch_row_share`); all of them in a single process.
-        label_smoothing, rng_impl, target_token_dropout, unk_id, learning_rate: as in
-            `train_step`.
+        label_smoothing, rng_impl, target_token_dropout, unk_id, learning_rate,
+            drop_pad_logit: as in `train_step`.
 
     Returns:
         (train_step(state, batch), eval_step(params, batch), put_batch(numpy batch)).
@@ -261,6 +316,7 @@ def jit_steps(
                 target_token_dropout=target_token_dropout,
                 unk_id=unk_id,
                 learning_rate=learning_rate,
+                drop_pad_logit=drop_pad_logit,
             ),
             mesh,
             rules,
@@ -270,7 +326,11 @@ def jit_steps(
         donate_argnums=0,
     )
     evaluate = jax.jit(
-        sharding_lib.on_mesh(functools.partial(eval_step, model=model, task=task), mesh, rules),
+        sharding_lib.on_mesh(
+            functools.partial(eval_step, model=model, task=task, drop_pad_logit=drop_pad_logit),
+            mesh,
+            rules,
+        ),
         in_shardings=(state_shardings.params, batch_sharding),
         out_shardings=replicated,
     )

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -31,7 +32,7 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, distributed, input_pipeline, steps
+from train import config_lib, distributed, finetune, input_pipeline, pretrained, steps
 from train.batching import WHOLE_BATCH, RowShare
 from train.checkpoint import Checkpointer
 from train.cli import Preempted
@@ -153,7 +154,12 @@ def build_program(
     run = experiment.run
     model = task.make_model(dataclasses.replace(experiment.model, vocab_size=vocab_size))
     schedule = experiment.schedule.build()
-    tx = experiment.optimizer.build(schedule)
+    labels = (
+        finetune.param_labels(experiment.optimizer, experiment.model)
+        if experiment.data.init_from
+        else None
+    )
+    tx = experiment.optimizer.build(schedule, labels)
     accum = experiment.optimizer.grad_accum_steps
     shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(
@@ -168,6 +174,9 @@ def build_program(
         unk_id=unk_id,
         share=share,
         learning_rate=lambda step: schedule(step // accum),  # micro-batch steps -> updates
+        # An imported checkpoint's added pad id (the last) is no class of its softmax.
+        drop_pad_logit=bool(experiment.data.init_from)
+        and experiment.model.pad_id == vocab_size - 1,
     )
     return Program(model, tx, shapes, train_step, eval_step, put_batch)
 
@@ -226,7 +235,8 @@ def train_and_evaluate(
         TrainingDivergedError: the loss became NaN or infinite (names the step); a
             RunFailure too.
     """
-    experiment = config_lib.validate_config(config)  # the sections; the config is not read again
+    # The sections; the config is not read again.
+    experiment = config_lib.validate_config(config, workdir)
     run = RunDir(prepare_workdir(workdir))
     # One run per work directory; released on any exit. Process 0 holds it for the run.
     lock = WorkdirLock(run.path) if distributed.is_primary() else contextlib.nullcontext()
@@ -296,6 +306,21 @@ class _Start(NamedTuple):
     share: RowShare
 
 
+def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> pretrained.Source:
+    """`--config.init_from`'s directory (a resumed run: the run's copy of it, as the weights
+    come from the checkpoint); process 0 first copies its config and tokenizer into the run
+    directory (the tokenizer is read from there, by every process and by the tools)."""
+    target = run.path / pretrained.SNAPSHOT_DIR
+    if resuming:
+        source = pretrained.open_source(experiment.data.init_from, run.path)
+    else:
+        source = pretrained.read_source(experiment.data.init_from)
+    if distributed.is_primary() and not (target / pretrained.CONFIG_FILE).is_file():
+        pretrained.snapshot(source, target)
+    distributed.barrier("pretrained-snapshot")
+    return source
+
+
 def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
     """Builds the data and the program of a run, then its state: fresh, or the newest good
     checkpoint's with the data stream where it stopped."""
@@ -303,6 +328,9 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
+    source = None
+    if experiment.data.init_from:
+        source = _pretrained_snapshot(experiment, run, resuming)
     if experiment.data.store_dir:
         dataset = input_pipeline.build_store_dataset(
             experiment.data,
@@ -331,11 +359,26 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     program = build_program(
         experiment, dataset.task, mesh, tokenizer.vocab_size, unk_id=tokenizer.unk_id, share=share
     )
+    weights = None
+    if source is not None and not resuming:
+        placement = flax.traverse_util.flatten_dict(program.state_shapes.params)
+        weights, size = pretrained.load_weights(source, experiment.model, placement)
+        logging.info("Pretrained weights: %s (%.1f MiB on disk).", source.path, size / 2**20)
     state = steps.create_train_state(
-        program.model, dataset.task, program.tx, mesh, settings.seed, settings.rng_impl
+        program.model,
+        dataset.task,
+        program.tx,
+        mesh,
+        settings.seed,
+        settings.rng_impl,
+        pretrained=weights,
     )
+    del weights
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
+    if source is not None:
+        labels = finetune.param_labels(experiment.optimizer, experiment.model)
+        logging.info(finetune.summary(state.params, state.opt_state, labels))
     stream_state = None
     if resuming:
         state, progress = checkpointer.restore_newest_good(state)

@@ -1,0 +1,298 @@
+"""Fine-tuning from a Hugging Face directory (`--config.init_from`), offline: tiny random
+GPT-2 and Llama models with a byte-level BPE tokenizer, written by `train.tiny_pretrained`
+with transformers and `tokenizers`, checked against transformers itself."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from configs import finetune_gpt2  # noqa: E402
+from train import config_lib, finetune, pretrained, train_lib  # noqa: E402
+from train.checkpoint import Checkpointer, load_trained  # noqa: E402
+from train.corpora import load_kjv_lines  # noqa: E402
+from train.export import export_run  # noqa: E402
+from train.inference import sample_text  # noqa: E402
+from train.rundir import RunDir, prepare_workdir  # noqa: E402
+from train.tiny_pretrained import write_tiny_model  # noqa: E402
+
+FAMILIES = ("gpt2", "llama")
+PROMPTS = ("In the beginning", "And God said", "Blessed are\tthe")
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def kjv_text():
+    return load_kjv_lines()[:1200]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory, kjv_text):
+    """family -> a tiny save_pretrained directory (vocabulary 320, 2 layers, width 32)."""
+    root = tmp_path_factory.mktemp("hf")
+    return {
+        family: write_tiny_model(root / family, family, texts=kjv_text, vocab_size=320)
+        for family in FAMILIES
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, kjv_text):
+    path = tmp_path_factory.mktemp("corpus") / "kjv.txt"
+    path.write_text("\n".join(kjv_text[:600]) + "\n", encoding="utf-8")
+    return path
+
+
+def _config(model_dir, corpus, **overrides):
+    config = finetune_gpt2.get_config()
+    config.init_from = str(model_dir)
+    config.corpus = "text"
+    config.corpus_path = str(corpus)
+    config.max_len = 32
+    config.batch_size = 4
+    config.valid_fraction = 0.1
+    config.test_fraction = 0.0
+    config.model.dropout_rate = 0.0
+    config.num_train_steps = 1
+    config.warmup_steps = 0
+    config.schedule = "constant"
+    config.eval_every_steps = 1000
+    config.checkpoint_every_steps = 1000
+    config.num_eval_batches = 4
+    config.async_checkpoints = False
+    config.sample_prompts = PROMPTS
+    config.max_decode_len = 8
+    config.temperature = 0.0
+    config.top_k = 0
+    for key, value in overrides.items():
+        target = config.model if key.startswith("model.") else config
+        target[key.removeprefix("model.")] = value
+    return config
+
+
+def _hf_model(model_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return model.eval()
+
+
+def _hf_logits(model, ids: np.ndarray, vocab: int) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.as_tensor(ids, dtype=torch.long)).logits[..., :vocab].numpy()
+
+
+def test_hf_defaults_are_transformers_defaults():
+    for model_type, cls in (
+        ("gpt2", transformers.GPT2Config),
+        ("llama", transformers.LlamaConfig),
+        ("mistral", transformers.MistralConfig),
+    ):
+        theirs = cls()
+        for key, ours in pretrained.HF_DEFAULTS[model_type].items():
+            value = getattr(theirs, key, None)
+            if key == "num_key_value_heads" and ours is None:  # None: as many as heads
+                value = None if value == theirs.num_attention_heads else value
+            if key == "head_dim" and ours is None:  # None: hidden_size / heads
+                value = None if value == theirs.hidden_size // theirs.num_attention_heads else value
+            assert value == ours, (model_type, key, value, ours)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pretrained_tokenizer_round_trips_any_text(model_dirs, family):
+    tokenizer = pretrained.read_source(model_dirs[family]).tokenizer()
+    texts = [
+        "def f(x):\n\tif x:\n        return  x  # two spaces\n\n",
+        "emoji 😀👍🏽, CJK 中文字, combining e\u0301, ZWJ 👩\u200d💻, \x00 control",
+        "   leading and trailing   ",
+        "",
+    ]
+    for text in texts:
+        ids = tokenizer.encode(text)
+        assert all(0 <= i < tokenizer.vocab_size - 1 for i in ids)  # never the added pad
+        framed = [tokenizer.bos_id, *ids, tokenizer.eos_id, tokenizer.pad_id]
+        assert tokenizer.decode(framed) == text
+    # The pad id is the added one, after the checkpoint's vocabulary.
+    hf = json.loads((model_dirs[family] / "config.json").read_text())
+    assert tokenizer.pad_id == hf["vocab_size"] == tokenizer.vocab_size - 1
+    assert (tokenizer.bos_id, tokenizer.eos_id) == (hf["bos_token_id"], hf["eos_token_id"])
+
+
+def _start(config, workdir):
+    experiment = config_lib.validate_config(config)
+    run = RunDir(prepare_workdir(str(workdir)))
+    checkpointer = Checkpointer(run.path, keep=1, asynchronous=False)
+    try:
+        return experiment, train_lib._start(experiment, run, checkpointer)
+    finally:
+        checkpointer.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_first_batch_loss_equals_transformers(model_dirs, corpus, tmp_path, family):
+    experiment, start = _start(_config(model_dirs[family], corpus), tmp_path / "run")
+    batch = next(iter(start.stream))
+    _, metrics = start.program.train_step(start.state, start.program.put_batch(batch))
+    ours = float(metrics["loss"] / metrics["tokens"])
+    vocab = experiment.model.pad_id  # the checkpoint's V
+    inputs, targets = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+    real = targets != vocab
+    logits = _hf_logits(_hf_model(model_dirs[family]), np.where(inputs == vocab, 0, inputs), vocab)
+    logp = torch.log_softmax(torch.as_tensor(logits), -1).numpy()
+    nll = -np.take_along_axis(logp, np.where(real, targets, 0)[..., None], -1)[..., 0]
+    theirs = float(nll[real].mean())
+    assert real.sum() == int(metrics["tokens"]) > 0
+    assert abs(ours - theirs) < ATOL, (ours, theirs)
+
+
+@pytest.fixture(scope="module")
+def lr0_runs(model_dirs, corpus, tmp_path_factory):
+    """family -> a finished run of one step at learning rate 0: the pretrained model as is."""
+    runs = {}
+    for family in FAMILIES:
+        workdir = tmp_path_factory.mktemp(f"lr0-{family}")
+        config = _config(model_dirs[family], corpus, learning_rate=0.0)
+        results = train_lib.train_and_evaluate(config, str(workdir))
+        runs[family] = (workdir, results)
+    return runs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_samples_equal_transformers_generate(model_dirs, lr0_runs, family):
+    workdir, _ = lr0_runs[family]
+    trained = load_trained(workdir)
+    tokenizer = trained.tokenizer
+    options = dataclasses.replace(trained.experiment.eval.decode, temperature=0.0)
+    ours = sample_text(trained.model, trained.params, tokenizer, PROMPTS, options)
+    hf = _hf_model(model_dirs[family])
+    for prompt, text in zip(PROMPTS, ours, strict=True):
+        ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
+        with torch.no_grad():
+            out = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=8,
+                do_sample=False,
+                eos_token_id=tokenizer.eos_id,
+                pad_token_id=tokenizer.eos_id,
+            )[0, len(ids) :].tolist()
+        if tokenizer.eos_id in out:
+            out = out[: out.index(tokenizer.eos_id)]
+        assert text == tokenizer.decode(ids[1:] + out), (prompt, text)
+    # The run wrote the model's own tokenizer beside its checkpoints.
+    assert (workdir / "pretrained" / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_finetune_lowers_validation_loss_and_exports_to_transformers(
+    model_dirs, corpus, lr0_runs, tmp_path, family
+):
+    before = lr0_runs[family][1]["valid"]["loss"]
+    config = _config(model_dirs[family], corpus, learning_rate=3e-3, num_train_steps=30)
+    after = train_lib.train_and_evaluate(config, str(tmp_path / "run"))["valid"]["loss"]
+    assert after < before - 0.3, (before, after)
+    out = export_run(tmp_path / "run", tmp_path / "hf")
+    trained = load_trained(tmp_path / "run")
+    vocab = trained.model.config.pad_id
+    ids = np.asarray([trained.tokenizer.encode("And the earth was without form")])
+    ours = trained.model.apply({"params": trained.params}, ids)[..., :vocab]
+    theirs = _hf_logits(_hf_model(out), ids, vocab)
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL, rtol=0)
+    # The exported directory has the source's vocabulary (no added pad id) and tokenizer.
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == vocab
+    assert (out / "tokenizer.json").read_bytes() == (
+        model_dirs[family] / "tokenizer.json"
+    ).read_bytes()
+
+
+def test_freezing_embeddings_keeps_them_and_gives_them_no_optimizer_state(
+    model_dirs, corpus, tmp_path
+):
+    config = _config(model_dirs["gpt2"], corpus, learning_rate=1e-2, freeze="embeddings")
+    experiment, start = _start(config, tmp_path / "run")
+    labels = finetune.param_labels(experiment.optimizer, experiment.model)(start.state.params)
+    assert labels["embed"]["embedding"] == "frozen"
+    assert labels["decoder"]["layers_0"]["ffn"]["wi_kernel"] == "pretrained"
+    before = jax.tree.map(np.asarray, start.state.params)
+    state, _ = start.program.train_step(start.state, start.program.put_batch(next(start.stream)))
+    after = jax.tree.map(np.asarray, state.params)
+    np.testing.assert_array_equal(after["embed"]["embedding"], before["embed"]["embedding"])
+    np.testing.assert_array_equal(
+        after["decoder"]["positions"]["pos_embedding"],
+        before["decoder"]["positions"]["pos_embedding"],
+    )
+    assert not np.array_equal(
+        after["decoder"]["layers_0"]["ffn"]["wi_kernel"],
+        before["decoder"]["layers_0"]["ffn"]["wi_kernel"],
+    )
+    # Adam's moments exist for the trained parameters only.
+    moments = sum(x.size for x in jax.tree.leaves(state.opt_state))
+    trained = sum(x.size for x in jax.tree.leaves(before)) - before["embed"]["embedding"].size
+    trained -= before["decoder"]["positions"]["pos_embedding"].size
+    assert 2 * trained <= moments < 2 * trained + 16  # mu and nu, plus counters
+
+
+def _refusal(config) -> str:
+    with pytest.raises(ValueError) as info:
+        config_lib.validate_config(config)
+    return str(info.value)
+
+
+def test_refusals_name_the_field_and_the_fix(model_dirs, corpus, tmp_path):
+    gpt2 = model_dirs["gpt2"]
+    assert "d_model=64 contradicts" in _refusal(_config(gpt2, corpus, **{"model.d_model": 64}))
+    assert "max_len <= 128" in _refusal(_config(gpt2, corpus, max_len=256))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((gpt2 / "config.json").read_text())
+    assert "no weights" in _refusal(_config(empty, corpus))
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert "model_type='bert' is not supported" in _refusal(_config(bert, corpus))
+    config = _config(gpt2, corpus)
+    config.tokenizer = "byte"
+    assert "tokenizer='pretrained'" in _refusal(config)
+
+
+def test_the_command_refuses_in_one_line_before_any_step(model_dirs, corpus, tmp_path):
+    args = [
+        sys.executable,
+        "-m",
+        "train.main",
+        "--config",
+        "configs/finetune_gpt2.py",
+        f"--config.init_from={model_dirs['gpt2']}",
+        "--config.model.num_layers=3",
+        f"--workdir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: --config.model.num_layers=3 contradicts")
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_sharded_checkpoints_and_the_scanned_layout_load_the_same_weights(model_dirs, tmp_path):
+    source = pretrained.read_source(model_dirs["llama"])
+    sharded = tmp_path / "sharded"
+    _hf_model(model_dirs["llama"]).save_pretrained(sharded, max_shard_size="50KB")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (sharded / name).write_bytes((model_dirs["llama"] / name).read_bytes())
+    assert (sharded / pretrained.WEIGHTS_INDEX_FILE).is_file()
+    flat, _ = pretrained.load_weights(source, source.model)
+    again, _ = pretrained.load_weights(pretrained.read_source(sharded), source.model)
+    jax.tree.map(np.testing.assert_array_equal, flat, again)
+    scanned_config = dataclasses.replace(source.model, scan_layers=True)
+    scanned, _ = pretrained.load_weights(source, scanned_config)
+    for i in range(source.model.num_layers):
+        layer = jax.tree.map(lambda x, i=i: x[i], scanned["decoder"]["layers"])
+        jax.tree.map(np.testing.assert_array_equal, flat["decoder"][f"layers_{i}"], layer)

@@ -1,0 +1,135 @@
+"""Writes a trained language-model run as a Hugging Face model directory that
+`transformers` loads and generates from.
+
+    python -m train.export --workdir runs/finetune --out /tmp/finetuned
+    python -m train.export --workdir runs/finetune --out /tmp/adapters --adapters_only
+
+The weights of the run's newest checkpoint go to `model.safetensors` (float32) through the
+library's exporters (`flax_transformer.export_gpt2` / `export_llama` layouts). A run started
+from pretrained weights (`--config.init_from`) is written as the family it came from, with
+the source's `config.json` (its architecture is the run's) and tokenizer files, and the
+added pad id (`train.hf_tokenizer`) removed again, so the directory has the source's
+vocabulary and loads wherever the source did. LoRA adapters are merged into the weights
+they adapt (`flax_transformer.merge_lora`), or with `--adapters_only` written alone
+(`adapter_model.safetensors`, `adapter_config.json`) in the names of the PEFT library.
+
+A run trained from scratch is written with the library's config (its own tokenizer is not a
+Hugging Face one: its ids are the run's).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
+from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
+from train import pretrained, tools
+from train.cli import USAGE_ERROR, die, parse_flags, quiet_library_logs
+from train.hf_tokenizer import TOKENIZER_FILES
+
+# Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.
+_VOCAB_TENSORS = {
+    "gpt2": ("transformer.wte.weight", "lm_head.weight"),
+    "llama": ("model.embed_tokens.weight", "lm_head.weight"),
+}
+
+
+def _family(model) -> str:
+    """'llama' for a RoPE + RMSNorm model, else 'gpt2' (the exporters refuse what their
+    layout cannot hold, naming the fields)."""
+    return "llama" if model.positional == "rope" and model.norm == "rmsnorm" else "gpt2"
+
+
+def export_run(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
+    """Writes the run's newest parameters as a Hugging Face directory at `out`.
+
+    Returns:
+        `out`.
+
+    Raises:
+        ValueError: the run is not a language model, or its model has an option the
+            family's layout cannot hold (named).
+    """
+    from train.checkpoint import load_trained
+
+    trained = load_trained(workdir)
+    return write_trained(trained, workdir, out)
+
+
+def write_trained(trained, workdir, out) -> pathlib.Path:
+    """`export_run` of an already loaded run (`train.checkpoint.TrainedModel`)."""
+    if trained.experiment.data.task != "lm":
+        raise ValueError(
+            f"{workdir} trained task={trained.experiment.data.task!r}; train.export writes "
+            "decoder-only language models (task='lm')."
+        )
+    model_config, params = _merged(trained.model.config, trained.params)
+    snapshot = pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR
+    source = (
+        pretrained.read_source(snapshot, need_weights=False)
+        if (snapshot / pretrained.CONFIG_FILE).is_file()
+        else None
+    )
+    family = source.family if source is not None else _family(model_config)
+    to_tensors = gpt2_tensors if family == "gpt2" else llama_tensors
+    tensors = to_tensors(model_config, {"params": params})
+    tokenizer = trained.tokenizer
+    if source is None:
+        hf_config = (gpt2_hf_config if family == "gpt2" else llama_hf_config)(
+            model_config, bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id
+        )
+    else:
+        vocab = int(source.hf_config["vocab_size"])
+        for name in _VOCAB_TENSORS[family]:
+            if name in tensors and tensors[name].shape[0] == vocab + 1:
+                tensors[name] = np.ascontiguousarray(tensors[name][:vocab])
+        hf_config = json.loads((snapshot / pretrained.CONFIG_FILE).read_text(encoding="utf-8"))
+        hf_config.pop(EXPORTED_PAD_KEY, None)
+        for key in ("torch_dtype", "dtype"):  # the tensors written are float32
+            if key in hf_config:
+                hf_config[key] = "float32"
+    out = write_hf_directory(tensors, hf_config, out)
+    if source is not None:
+        for name in TOKENIZER_FILES:
+            if (snapshot / name).is_file():
+                shutil.copyfile(snapshot / name, out / name)
+    return out
+
+
+def _merged(model_config, params) -> tuple[Any, Any]:
+    """The model without LoRA adapters: each folded into its weight."""
+    if not getattr(model_config, "lora_rank", 0):
+        return model_config, params
+    from flax_transformer import merge_lora
+
+    return merge_lora(model_config, params)
+
+
+def _define_flags() -> None:
+    flags.DEFINE_string("workdir", None, "A train.main run directory.", required=True)
+    flags.DEFINE_string("out", None, "The Hugging Face directory to write.", required=True)
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) > 1:
+        die(f"unexpected arguments {argv[1:]} ; see --helpshort.", USAGE_ERROR)
+    given = flags.FLAGS
+    quiet_library_logs()
+    trained = tools.load_run(given.workdir)
+    try:
+        out = write_trained(trained, given.workdir, given.out)
+    except ValueError as err:
+        die(str(err))
+    print(f"Wrote {out} (transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main, flags_parser=parse_flags)
