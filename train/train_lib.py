@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import signal
@@ -325,6 +326,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
             share=share,
             make_tokenizer=_shared_tokenizer,
         )
+    _check_end_of_run(experiment, dataset)
     _check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     tokenizer = dataset.tokenizer
@@ -343,6 +345,21 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = dataset.stream(settings.seed, stream_state, int(state.step))
     return _Start(dataset, program, state, stream, share)
+
+
+def _check_end_of_run(experiment: Experiment, dataset: input_pipeline.Dataset) -> None:
+    """Checks, before the first step and any checkpoint, what the run does at its end and
+    between steps with the tokenizer in hand: the task's decoding and scoring settings
+    (`Task.check_outputs`: prompts, BLEU, beams, sampling) and the loss curve's plotter.
+
+    Raises:
+        ValueError: a setting that would fail later, naming its fields and the fix.
+    """
+    dataset.task.check_outputs(
+        experiment.eval, dataset.tokenizer, interim=bool(experiment.run.bleu_every_steps)
+    )
+    if importlib.util.find_spec("matplotlib") is None:
+        logging.warning("matplotlib is not installed: the run will draw no loss_curve.png.")
 
 
 def _run(
@@ -450,6 +467,7 @@ def _report(run: RunDir, writer, results: dict, primary: bool) -> None:
     writer.close()
     if not primary:
         return
-    plot_loss_curve(run)
+    if importlib.util.find_spec("matplotlib") is not None:  # else warned before step 1
+        plot_loss_curve(run)
     atomic_write_text(run.results, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(format_report(results), flush=True)
