@@ -423,6 +423,11 @@ def _run(
                 say(
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
+                    + (
+                        f", {valid['bits_per_char']:.3f} bits/char"
+                        if "bits_per_char" in valid
+                        else ""
+                    )
                 )
             every = settings.bleu_every_steps
             if every and step % every == 0 and step < total:
