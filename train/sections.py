@@ -139,6 +139,8 @@ class DataConfig(_ReadByName):
     store_shard_bytes: int = 64 << 20
     prepare_workers: int = 0
     loader_threads: int = 4
+    # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
+    text_in_memory: bool = False
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own
@@ -150,6 +152,7 @@ class DataConfig(_ReadByName):
         "store_shard_bytes",
         "prepare_workers",
         "loader_threads",
+        "text_in_memory",
     )
 
     @classmethod
@@ -187,6 +190,8 @@ class DataConfig(_ReadByName):
             raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
         if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
             raise fail("vocab_size", self.vocab_size, "must exceed the 4 special ids")
+        if not isinstance(self.text_in_memory, bool):
+            raise fail("text_in_memory", self.text_in_memory, "must be True or False")
         if self.store_dir:
             self._check_store()
 

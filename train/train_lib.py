@@ -46,7 +46,7 @@ from train.metrics import (
     progress_bar,
 )
 from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
-from train.sections import Experiment
+from train.sections import DataConfig, Experiment
 from train.tasks import Task
 
 
@@ -297,6 +297,39 @@ class _Start(NamedTuple):
     share: RowShare
 
 
+# The packings a token store is read with (windows of batch_size rows).
+_STORE_PACKINGS = ("stream", "segments")
+
+
+def _data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
+    """The data section a run reads: a text language model given no `store_dir` reads a
+    token store under its work directory (`RunDir.token_store`, prepared on first use), so
+    its memory stays flat in corpus size.
+
+    It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
+    need whole examples (packing 'none', or rows from tokens_per_batch), or where it resumes
+    a run that started so (its data_fingerprint.json holds example counts, not a store's
+    token counts): such a run goes on with the batches it began with.
+    """
+    if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
+        return data
+    if data.packing not in _STORE_PACKINGS or not data.batch_size:
+        logging.warning(
+            "--config.packing=%r with --config.batch_size=%d reads the text corpus in memory "
+            "(memory grows with the corpus); packing 'stream' or 'segments' with batch_size "
+            "> 0 reads it from a token store under the work directory.",
+            data.packing,
+            data.batch_size,
+        )
+        return data
+    if resuming and run.data_fingerprint.exists():
+        recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
+        if "store_train_tokens" not in recorded:
+            logging.info("Resuming a run that read its text corpus in memory: it still does.")
+            return data
+    return dataclasses.replace(data, store_dir=str(run.token_store))
+
+
 def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
     """Builds the data and the program of a run, then its state: fresh, or the newest good
     checkpoint's with the data stream where it stopped."""
@@ -304,9 +337,10 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
-    if experiment.data.store_dir:
+    data = _data_section(experiment.data, run, resuming)
+    if data.store_dir:
         dataset = input_pipeline.build_store_dataset(
-            experiment.data,
+            data,
             run,
             seed=settings.seed,
             num_steps=settings.num_train_steps,
@@ -319,7 +353,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         )
     else:
         dataset = input_pipeline.build_dataset(
-            experiment.data,
+            data,
             run,
             seed=settings.seed,
             num_devices=mesh.size,
