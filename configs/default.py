@@ -97,7 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.loader_threads = 4  # store: threads reading and prefetching batches per process
     config.text_in_memory = False  # task 'lm', corpus 'text' and no store_dir: a token store
     # is prepared under the work directory (memory flat in corpus size; packing 'stream' or
-    # 'segments' with batch_size > 0); True reads the corpus in memory at every start instead
+    # 'segments'); True reads the corpus in memory at every start instead
 
     config.model = get_model_config()
 

@@ -80,6 +80,13 @@ def test_whole_example_batches_read_in_memory_with_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         train_lib.train_and_evaluate(config, str(run.path))
     assert not run.token_store.exists()
-    assert "--config.packing='none' with --config.batch_size=8 reads the text corpus in memory" in (
-        caplog.text
-    )
+    assert "--config.packing='none' reads the text corpus in memory" in caplog.text
+
+
+def test_segments_sized_by_tokens_per_batch_become_windows_of_as_many_tokens(tmp_path, caplog):
+    run = RunDir(tmp_path / "run")
+    config = _config(tmp_path, packing="segments", batch_size=0, tokens_per_batch=64)
+    with caplog.at_level(logging.INFO):
+        results = train_lib.train_and_evaluate(config, str(run.path))
+    assert (run.token_store / MANIFEST).is_file() and results["step"] == 4
+    assert "Token store windows: 4 rows of --config.max_len=16 tokens" in caplog.text

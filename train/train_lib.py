@@ -306,28 +306,38 @@ def _data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
     token store under its work directory (`RunDir.token_store`, prepared on first use), so
     its memory stays flat in corpus size.
 
+    Packed segments sized by `tokens_per_batch` (configs/default.py's) become the store's
+    windows of the same size: `tokens_per_batch // max_len` rows of max_len tokens.
+
     It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
-    need whole examples (packing 'none', or rows from tokens_per_batch), or where it resumes
-    a run that started so (its data_fingerprint.json holds example counts, not a store's
-    token counts): such a run goes on with the batches it began with.
+    need whole examples (packing 'none'), or where it resumes a run that started so (its
+    data_fingerprint.json holds example counts, not a store's token counts): such a run goes
+    on with the batches it began with.
     """
     if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
-        return data
-    if data.packing not in _STORE_PACKINGS or not data.batch_size:
-        logging.warning(
-            "--config.packing=%r with --config.batch_size=%d reads the text corpus in memory "
-            "(memory grows with the corpus); packing 'stream' or 'segments' with batch_size "
-            "> 0 reads it from a token store under the work directory.",
-            data.packing,
-            data.batch_size,
-        )
         return data
     if resuming and run.data_fingerprint.exists():
         recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
         if "store_train_tokens" not in recorded:
             logging.info("Resuming a run that read its text corpus in memory: it still does.")
             return data
-    return dataclasses.replace(data, store_dir=str(run.token_store))
+    rows = data.batch_size or data.tokens_per_batch // data.max_len
+    if data.packing not in _STORE_PACKINGS or not rows:
+        logging.warning(
+            "--config.packing=%r reads the text corpus in memory (memory grows with the "
+            "corpus); packing 'stream' or 'segments' reads it from a token store under the "
+            "work directory.",
+            data.packing,
+        )
+        return data
+    if not data.batch_size:
+        logging.info(
+            "Token store windows: %d rows of --config.max_len=%d tokens "
+            "(--config.tokens_per_batch=%d).", rows, data.max_len, data.tokens_per_batch,
+        )  # fmt: skip
+    return dataclasses.replace(
+        data, store_dir=str(run.token_store), batch_size=rows, tokens_per_batch=0
+    )
 
 
 def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
