@@ -96,6 +96,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.store_shard_bytes = 64 << 20  # store: input bytes per shard (uncompressed files)
     config.prepare_workers = 0  # store: tokenizing processes; 0 = one per core
     config.loader_threads = 4  # store: threads reading and prefetching batches per process
+    config.text_in_memory = False  # task 'lm', corpus 'text' and no store_dir: a token store
+    # is prepared under the work directory (memory flat in corpus size; packing 'stream' or
+    # 'segments'); True reads the corpus in memory at every start instead
 
     config.model = get_model_config()
     config.init_from = ""  # a Hugging Face GPT-2 or Llama directory (save_pretrained) to

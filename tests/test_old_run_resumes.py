@@ -50,10 +50,12 @@ class _Killed(Exception):
     pass
 
 
-def _config(kind: str):
-    """The old runs' config. The corpus path is relative (the run's current directory), so
-    config.json, which must match on resume, names the same file wherever the test runs."""
+def _config(kind: str, **extra):
+    """The old runs' config (`extra`: fields today's code added). The corpus path is relative
+    (the run's current directory), so config.json, which must match on resume, names the same
+    file wherever the test runs."""
     tiny = dict(
+        **extra,
         num_train_steps=NUM_STEPS,
         bleu_examples=0,
         batch_size=48,  # an epoch of a few batches: steps 5-8 cross into the next one
@@ -73,9 +75,11 @@ def _config(kind: str):
     )
 
 
-def write_run(kind: str, directory: pathlib.Path, kill_at: int | None = None) -> pathlib.Path:
+def write_run(
+    kind: str, directory: pathlib.Path, kill_at: int | None = None, **extra
+) -> pathlib.Path:
     """Writes the corpus into `directory` and trains `kind` in `directory/run` from there,
-    stopping after step `kill_at` (None: to the end)."""
+    stopping after step `kill_at` (None: to the end); `extra`: config fields as `_config`."""
     directory.mkdir(parents=True, exist_ok=True)
     CORPUS_WRITERS[kind](directory)
 
@@ -86,7 +90,7 @@ def write_run(kind: str, directory: pathlib.Path, kill_at: int | None = None) ->
     cwd = os.getcwd()
     os.chdir(directory)
     try:
-        train_lib.train_and_evaluate(_config(kind), "run", step_callback=die)
+        train_lib.train_and_evaluate(_config(kind, **extra), "run", step_callback=die)
     except _Killed:
         pass
     finally:
@@ -147,7 +151,10 @@ def test_an_old_run_directory_resumes_where_it_stopped(kind, tmp_path, monkeypat
     assert records[: len(kept)] == kept
     assert {r["step"] for r in records[len(kept) :]} == {6, 8}
 
-    straight = write_run(kind, tmp_path / "new")  # today's code, never stopped
+    assert not RunDir(old / "run").token_store.exists()  # it read its corpus in memory
+    # Today's code, never stopped, reading the corpus in memory too (a fresh text language
+    # model reads a token store by default).
+    straight = write_run(kind, tmp_path / "new", text_in_memory=True)
     for step in (4, NUM_STEPS):
         (resumed_state, resumed_progress), (state, progress) = (
             _saved(run, step) for run in (old / "run", straight)

@@ -188,8 +188,9 @@ def test_language_model_run_reports_bits_per_char(tmp_path):
     )
     results = train_lib.train_and_evaluate(config, str(tmp_path / "lm"))
     valid = results["valid"]
-    # Byte tokenizer, ASCII text: one token per character, so bits/char = nll / ln 2.
-    assert valid["bits_per_char"] == pytest.approx(valid["nll"] / math.log(2))
+    # Byte tokenizer, ASCII text: one token per character, and one EOS label per line that
+    # is no character (tests/test_bits_per_char.py checks the counts exactly).
+    assert valid["bits_per_char"] > valid["nll"] / math.log(2)
     assert results["samples"][0]["model"].startswith("ab cd")
 
 

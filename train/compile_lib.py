@@ -368,7 +368,11 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
         devices = topology_devices(topology, chip)
     mesh = train_lib.make_mesh(experiment.run.mesh_shape, devices)
     task = tasks.get_task(data.task)
-    vocab_size = model_vocab_size(data.tokenizer, data.vocab_size)
+    vocab_size = (
+        experiment.model.vocab_size  # init_from: the pretrained model's (shapes only)
+        if data.init_from
+        else model_vocab_size(data.tokenizer, data.vocab_size)
+    )
     program = train_lib.build_program(experiment, task, mesh, vocab_size, unk_id=UNK_ID)
     train_batch = abstract_batch(data, task, mesh, evaluation=False)
     eval_batch = abstract_batch(data, task, mesh, evaluation=True)

@@ -12,6 +12,7 @@ that loop.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,6 +98,33 @@ def translate(
     return outputs
 
 
+def continuation_budgets(prompt_lengths: Sequence[int], max_len: int, asked: int) -> list[int]:
+    """The new tokens each prompt is continued by: `asked`, or fewer where the prompt leaves
+    less room within `max_len`; 0 asked: as many as the longest prompt leaves room for.
+
+    Args:
+        prompt_lengths: each prompt's tokens, BOS included.
+        max_len: the model's longest sequence (prompt + continuation).
+        asked: tokens asked for (`max_decode_len`, or a tool's `--max_new_tokens`); 0: fit.
+
+    Returns:
+        One budget per prompt, each >= 1.
+
+    Raises:
+        ValueError: a prompt leaves no room for one new token (names it and its length).
+    """
+    for index, length in enumerate(prompt_lengths):
+        if length >= max_len:
+            raise ValueError(
+                f"Prompt {index} has {length - 1} tokens (+ BOS), which leaves no room for a "
+                f"new token within max_len={max_len}; shorten it to at most {max_len - 2} "
+                "tokens or raise max_len."
+            )
+    if not asked:
+        return [max_len - max(prompt_lengths)] * len(prompt_lengths)
+    return [min(asked, max_len - length) for length in prompt_lengths]
+
+
 def sample_text(
     model,
     params: Any,
@@ -107,6 +135,10 @@ def sample_text(
     max_new_tokens: int | None = None,
 ) -> list[str]:
     """Continues each prompt with the language model (greedy unless temperature > 0).
+
+    A prompt too long for the tokens asked (prompt + continuation > max_len) is continued
+    by as many as fit, with a warning (`continuation_budgets`); prompts of different budgets
+    are decoded apart.
 
     Args:
         model: a `DecoderOnlyTransformer`.
@@ -125,34 +157,39 @@ def sample_text(
         ValueError: a prompt leaves no room for new tokens within max_len.
     """
     rows = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
-    longest = max(len(r) for r in rows)
-    room = options.max_len - longest
-    max_new = max_new_tokens or options.max_decode_len or room
-    if max_new < 1 or max_new > room:
-        raise ValueError(
-            f"A prompt of {longest - 1} tokens leaves room for {room} new tokens within "
-            f"max_len={options.max_len}, but {max_new} were asked; shorten the prompt."
-        )
+    asked = max_new_tokens or options.max_decode_len
+    budgets = continuation_budgets([len(r) for r in rows], options.max_len, asked)
+    for index, budget in enumerate(budgets):
+        if asked and budget < asked:
+            logging.warning(
+                "Prompt %d (%d tokens) leaves room for %d new tokens within max_len=%d: it is "
+                "continued by %d, not %d.", index, len(rows[index]) - 1, budget,
+                options.max_len, budget, asked,
+            )  # fmt: skip
     strategy = options.text_strategy()
     if not isinstance(strategy, Sample):
         rng = None  # greedy decoding draws nothing
     elif rng is None:
         rng = jax.random.key(options.seed)
-    generated = generate_text(
-        model,
-        {"params": params},
-        _pad_rows(rows, len(rows), longest, tokenizer.pad_id),
-        np.asarray([len(r) for r in rows], np.int32),
-        eos_id=tokenizer.eos_id,
-        max_new_tokens=max_new,
-        strategy=strategy,
-        rng=rng,
-    )
-    generated = np.asarray(jax.device_get(generated))
-    return [
-        tokenizer.decode(row[1:] + cut_at_eos(generated[i], tokenizer.eos_id))
-        for i, row in enumerate(rows)
-    ]
+    outputs: list[str] = [""] * len(rows)
+    for budget in sorted(set(budgets), reverse=True):  # one group in the usual case
+        group = [i for i, b in enumerate(budgets) if b == budget]
+        longest = max(len(rows[i]) for i in group)
+        generated = generate_text(
+            model,
+            {"params": params},
+            _pad_rows([rows[i] for i in group], len(group), longest, tokenizer.pad_id),
+            np.asarray([len(rows[i]) for i in group], np.int32),
+            eos_id=tokenizer.eos_id,
+            max_new_tokens=budget,
+            strategy=strategy,
+            rng=rng,
+        )
+        generated = np.asarray(jax.device_get(generated))
+        for row, index in enumerate(group):
+            continuation = cut_at_eos(generated[row], tokenizer.eos_id)
+            outputs[index] = tokenizer.decode(rows[index][1:] + continuation)
+    return outputs
 
 
 def bleu_and_chrf(
@@ -173,6 +210,52 @@ def bleu_and_chrf(
         ).score,
         "chrf": sacrebleu.corpus_chrf(list(hypotheses), [list(references)]).score,
     }
+
+
+def check_bleu_tokenize(name: str) -> None:
+    """Refuses a BLEU tokenizer that scoring would fail on: sacrebleu missing, a name it does
+    not know, or one whose extra packages or model are missing (built once here, as
+    scoring builds it).
+
+    Raises:
+        ValueError: names `--config.bleu_tokenize` and the fix.
+    """
+    try:
+        from sacrebleu.metrics import BLEU
+    except ImportError as err:
+        raise ValueError(
+            f"BLEU needs sacrebleu ({err}); pip install sacrebleu, or set "
+            "--config.bleu_examples=0 to score no translations."
+        ) from None
+    try:
+        BLEU(tokenize=name)
+    except KeyError:
+        raise ValueError(
+            f"--config.bleu_tokenize={name!r}: not a sacrebleu tokenizer; use one of "
+            f"{tuple(BLEU.TOKENIZERS)} ('13a' for English, 'char' or 'ja-mecab' for Japanese)."
+        ) from None
+    except (ImportError, RuntimeError, OSError) as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+        raise ValueError(
+            f"--config.bleu_tokenize={name!r} cannot be used here: {first.strip()} ; install "
+            "what it needs or choose another (e.g. '13a', 'char')."
+        ) from None
+
+
+def check_strategy(strategy, *, vocab_size: int, max_new_tokens: int, fields: str) -> None:
+    """Refuses a decoding strategy that generation would refuse (a top_k above the vocabulary,
+    a length penalty that overflows within `max_new_tokens`), naming the config `fields`
+    that made it.
+
+    Raises:
+        ValueError: generation's own message, after the fields.
+    """
+    try:
+        strategy.check(
+            "decoding", vocab=vocab_size, max_new_tokens=max_new_tokens, return_logits=False
+        )
+    except ValueError as err:
+        raise ValueError(f"{fields}: {err}") from None
 
 
 def repeated_ngram_share(texts: Sequence[str], n: int = 4) -> float:

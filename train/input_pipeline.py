@@ -45,8 +45,9 @@ class Dataset:
         build_epoch: rng -> one epoch of training batches (for `EpochStream`).
         eval_batches: all the validation batches, in a fixed order.
         valid_examples: validation texts: (source, target) pairs or lines.
-        chars_per_token: validation characters per target token (EOS counted as one
-            character, the line break), to turn nats per token into bits per character.
+        chars_per_token: characters of the validation texts per validation label (EOS
+            and BOS labels count no character), to turn nats per label into bits per
+            character of the original text (exact over all the validation batches).
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
             valid/test, and how many were dropped as too long.
         fingerprint: `data_fingerprint` of the train and validation splits, before
@@ -411,11 +412,18 @@ def _batch(
 
 
 def _chars_per_label(task: Task, packer: Packer, ids: _Examples) -> float:
-    """Validation characters (with a line break each) per label: the target ids of each
-    example and the labels the packer adds to them (EOS, and in a stream the next BOS)."""
-    num_labels = sum(len(t) + packer.extra_labels for t in task.targets(ids.valid))
-    num_chars = sum(len(t) + 1 for t in task.targets(ids.valid_texts))
-    return num_chars / num_labels
+    """Characters of the validation texts (as read, nothing added) per validation label: the
+    target ids of each example and the labels the packer adds to them (EOS, and in a stream
+    the next BOS; the stream's first BOS is no label).
+
+    Validation over every batch sums the nats of exactly these labels, so its mean nats per
+    label / ln 2 / this ratio is the nats of the whole validation text / ln 2 / its
+    characters: bits per character of the original text, exactly.
+    """
+    targets = task.targets(ids.valid)
+    num_labels = sum(len(t) + packer.extra_labels for t in targets) - (packer.extra_labels - 1)
+    num_chars = sum(len(t) for t in task.targets(ids.valid_texts))
+    return num_chars / max(num_labels, 1)
 
 
 def epoch_rng(seed: int, epoch: int) -> np.random.Generator:

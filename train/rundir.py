@@ -5,6 +5,7 @@ One run = one work directory; `RunDir` is the only place the names of its files 
   config.json             the config of the run (a rerun must keep its identity fields)
   data_fingerprint.json   sizes and hash of the train/validation data (a rerun must match)
   spm_<V>.model           the SentencePiece model, trained on the train split on first use
+  token_store/            the token store of a text language model given no store_dir
   checkpoints/<step>      orbax checkpoints: train state + data-stream position
   metrics.jsonl           train / valid / bleu records; tensorboard/ the same scalars
   loss_curve.png          train and validation loss against step
@@ -59,6 +60,11 @@ class RunDir:
     def tokenizer_model(self, vocab_size: int) -> pathlib.Path:
         """The SentencePiece model of a `vocab_size` vocabulary."""
         return self.path / f"spm_{vocab_size}.model"
+
+    @property
+    def token_store(self) -> pathlib.Path:
+        """The token store a text language model prepares when the config names none."""
+        return self.path / "token_store"
 
     @property
     def checkpoints(self) -> pathlib.Path:

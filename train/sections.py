@@ -142,6 +142,8 @@ class DataConfig(_ReadByName):
     # A pretrained model directory (train.pretrained): its weights start the run and its
     # tokenizer is the run's (tokenizer='pretrained').
     init_from: str = ""
+    # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
+    text_in_memory: bool = False
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own
@@ -153,6 +155,7 @@ class DataConfig(_ReadByName):
         "store_shard_bytes",
         "prepare_workers",
         "loader_threads",
+        "text_in_memory",
     )
 
     @classmethod
@@ -204,6 +207,8 @@ class DataConfig(_ReadByName):
                 "a pretrained model reads text with its own tokenizer: set "
                 "--config.tokenizer='pretrained' with --config.init_from",
             )
+        if not isinstance(self.text_in_memory, bool):
+            raise fail("text_in_memory", self.text_in_memory, "must be True or False")
         if self.store_dir:
             self._check_store()
 

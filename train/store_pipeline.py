@@ -18,7 +18,8 @@ training); `packing='segments'` gives the same windows with segment ids, one per
 piece (1, 2, ... within a window), so attention and positions stay within each document, and
 the label of each document's EOS (the next document's BOS) masked.
 
-Validation reads the validation split's windows in order, unshuffled.
+Validation reads the validation split's windows in order, unshuffled, and its last partial
+window padded: every validation token is scored, so bits per character are exact.
 """
 
 from __future__ import annotations
@@ -53,26 +54,38 @@ class WindowSource:
         seq_len: T, the tokens of a window's inputs (the model's max_len).
         segments: add segment ids per document and mask cross-document labels.
         pad_id: the tokenizer's pad id (what a masked label becomes).
+        tail: add the last, partial window, padded (validation: every token is scored).
     """
 
     def __init__(
-        self, store: TokenStore, split: str, seq_len: int, *, segments: bool, pad_id: int = PAD_ID
+        self,
+        store: TokenStore,
+        split: str,
+        seq_len: int,
+        *,
+        segments: bool,
+        pad_id: int = PAD_ID,
+        tail: bool = False,
     ):
         self.store, self.split, self.seq_len, self.segments = store, split, seq_len, segments
-        self.pad_id = pad_id
+        self.pad_id, self.tail = pad_id, tail
 
     def __len__(self) -> int:
-        return max(self.store.num_tokens(self.split) - 1, 0) // self.seq_len
+        labels = max(self.store.num_tokens(self.split) - 1, 0)
+        return -(-labels // self.seq_len) if self.tail else labels // self.seq_len
 
     def __getitem__(self, index: int) -> Batch:
         start = int(index) * self.seq_len
-        stop = start + self.seq_len + 1
+        stop = min(start + self.seq_len + 1, self.store.num_tokens(self.split))
         chunk = self.store.read(self.split, start, stop)
-        example = {"inputs": chunk[:-1], "targets": chunk[1:].copy()}
+        width = self.seq_len + 1 - len(chunk)  # > 0 for the tail window only
+        padded = np.pad(chunk, (0, width), constant_values=self.pad_id)
+        example = {"inputs": padded[:-1], "targets": padded[1:].copy()}
         if self.segments:
             docs = self.store.documents_of(self.split, start, stop)
-            example["targets"][docs[1:] != docs[:-1]] = self.pad_id
-            example["segment_ids"] = (docs[:-1] - docs[0] + 1).astype(np.int32)
+            example["targets"][: len(docs) - 1][docs[1:] != docs[:-1]] = self.pad_id
+            segment_ids = (docs[:-1] - docs[0] + 1).astype(np.int32)
+            example["segment_ids"] = np.pad(segment_ids, (0, width))  # 0: padding
         return example
 
 
@@ -221,7 +234,7 @@ def open_store_data(
     )
     pad_id = tokenizer.pad_id
     train = WindowSource(store, "train", data.max_len, segments=segments, pad_id=pad_id)
-    valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id)
+    valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id, tail=True)
     for name, source in (("train", train), ("validation", valid)):
         if len(source) == 0:
             raise StoreError(
@@ -230,7 +243,10 @@ def open_store_data(
                 f"max_len + 1 = {data.max_len + 1} ; use a larger corpus, a smaller "
                 "--config.max_len, or (validation) a larger --config.valid_fraction."
             )
-    labels = store.num_tokens("valid") - (store.num_documents("valid") if segments else 0)
+    # Validation scores every token after the first (the tail window included), less, with
+    # segments, the label of each document boundary (EOS -> the next BOS).
+    docs = store.num_documents("valid")
+    labels = store.num_tokens("valid") - 1 - (docs - 1 if segments else 0)
     sizes = {
         "train": store.num_documents("train"),
         "valid": store.num_documents("valid"),
@@ -241,7 +257,8 @@ def open_store_data(
     batches = eval_batches(
         valid, batch_size=data.batch_size, share=share, max_batches=max_eval_batches
     )
-    chars = store.num_chars("valid") / max(labels, 1)
+    # The store counts one line break per document beside its text: not a character of it.
+    chars = (store.num_chars("valid") - docs) / max(labels, 1)
     return StoreData(store, tokenizer, train, valid, chars, sizes), batches
 
 

@@ -9,7 +9,9 @@ its examples: adding a task means adding one class to `TASKS`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -183,6 +185,18 @@ class Task:
         """What a run ends with besides the validation loss (scores, samples)."""
         raise NotImplementedError
 
+    def check_outputs(self, evaluation: EvalConfig, tokenizer: Tokenizer, *, interim: bool):
+        """Checks every setting that `final_outputs` (and `interim_scores`, when `interim`)
+        will use, with the run's tokenizer, before the first step: so that a run never fails
+        at its end, after the compute is spent.
+
+        Raises:
+            ValueError: a setting that would fail, naming its config fields and the fix.
+        A setting whose intent is clear is adjusted where it is used, with a warning logged
+        here.
+        """
+        del evaluation, tokenizer, interim
+
     # One example shown by a tool (train.visualize): source ids where the task has a source
     # (else None), and the decoder's ids.
 
@@ -332,6 +346,24 @@ class TranslationTask(Task):
             }
         return {**results, "samples": samples}
 
+    def check_outputs(self, evaluation, tokenizer, *, interim):
+        """BLEU's tokenizer, and the beam searches of the interim (`beam_size`) and final
+        (`report_beam_size`) scores, against the vocabulary and decoding length."""
+        if not evaluation.bleu_examples:
+            return  # nothing is decoded or scored
+        inference.check_bleu_tokenize(evaluation.bleu_tokenize)
+        decode = evaluation.decode
+        beams = {evaluation.report_beam_size: "--config.report_beam_size"}
+        if interim:
+            beams[decode.beam_size] = "--config.beam_size"
+        for size, field in beams.items():
+            inference.check_strategy(
+                dataclasses.replace(decode, beam_size=size).translation_strategy(),
+                vocab_size=tokenizer.vocab_size,
+                max_new_tokens=decode.max_decode_len or decode.max_len - 1,
+                fields=f"{field}={size} with --config.length_penalty={decode.length_penalty}",
+            )
+
     def shown_prompt(self, tokenizer, encoded):
         return encoded, [tokenizer.bos_id]
 
@@ -407,6 +439,33 @@ class LanguageModelTask(Task):
         return {
             "samples": [{"prompt": p, "model": o} for p, o in zip(prompts, outputs, strict=True)]
         }
+
+    def check_outputs(self, evaluation, tokenizer, *, interim):
+        """Each sample prompt against max_len and max_decode_len (a prompt that leaves less
+        room is continued by fewer tokens, with a warning), and the sampling settings
+        against the vocabulary."""
+        del interim  # a language model scores nothing during training
+        prompts, decode = evaluation.sample_prompts, evaluation.decode
+        if not prompts:
+            return
+        lengths = [1 + len(tokenizer.encode(prompt)) for prompt in prompts]
+        try:
+            budgets = inference.continuation_budgets(lengths, decode.max_len, decode.max_decode_len)
+        except ValueError as err:
+            raise ValueError(f"--config.sample_prompts={prompts!r}: {err}") from None
+        for prompt, length, budget in zip(prompts, lengths, budgets, strict=True):
+            if decode.max_decode_len and budget < decode.max_decode_len:
+                logging.warning(
+                    "--config.max_decode_len=%d: the sample prompt %r (%d tokens) leaves room "
+                    "for %d new tokens within --config.max_len=%d; it will be continued by %d.",
+                    decode.max_decode_len, prompt, length - 1, budget, decode.max_len, budget,
+                )  # fmt: skip
+        inference.check_strategy(
+            decode.text_strategy(),
+            vocab_size=tokenizer.vocab_size,
+            max_new_tokens=max(budgets),
+            fields=f"--config.top_k={decode.top_k} (vocabulary {tokenizer.vocab_size})",
+        )
 
     def shown_prompt(self, tokenizer, encoded):
         return None, [tokenizer.bos_id, *encoded]

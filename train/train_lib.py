@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import signal
@@ -46,7 +47,7 @@ from train.metrics import (
     progress_bar,
 )
 from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
-from train.sections import Experiment
+from train.sections import DataConfig, Experiment
 from train.tasks import Task
 
 
@@ -321,6 +322,55 @@ def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) ->
     return source
 
 
+# The packings a token store is read with (windows of batch_size rows).
+_STORE_PACKINGS = ("stream", "segments")
+
+
+def _data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
+    """The data section a run reads: a text language model given no `store_dir` reads a
+    token store under its work directory (`RunDir.token_store`, prepared on first use), so
+    its memory stays flat in corpus size.
+
+    Packed segments sized by `tokens_per_batch` (configs/default.py's) become the store's
+    windows of the same size: `tokens_per_batch // max_len` rows of max_len tokens.
+
+    It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
+    need whole examples (packing 'none'), or where it resumes a run that started so (its
+    data_fingerprint.json holds example counts, not a store's token counts): such a run goes
+    on with the batches it began with.
+    """
+    if (
+        data.store_dir
+        or data.task != "lm"
+        or data.corpus != "text"
+        or data.text_in_memory
+        or data.tokenizer == "pretrained"  # (a store of a pretrained tokenizer: not yet)
+    ):
+        return data
+    if resuming and run.data_fingerprint.exists():
+        recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
+        if "store_train_tokens" not in recorded:
+            logging.info("Resuming a run that read its text corpus in memory: it still does.")
+            return data
+    rows = data.batch_size or data.tokens_per_batch // data.max_len
+    if data.packing not in _STORE_PACKINGS or not rows:
+        logging.warning(
+            "--config.packing=%r reads the text corpus in memory (memory grows with the "
+            "corpus); packing 'stream' or 'segments' reads it from a token store under the "
+            "work directory.",
+            data.packing,
+        )
+        return data
+    if not data.batch_size:
+        logging.info(
+            "Token store windows: %d rows of --config.max_len=%d tokens "
+            "(--config.tokens_per_batch=%d).", rows, data.max_len, data.tokens_per_batch,
+        )  # fmt: skip
+    return dataclasses.replace(
+        data, store_dir=str(run.token_store), batch_size=rows, tokens_per_batch=0
+    )
+
+
 def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
     """Builds the data and the program of a run, then its state: fresh, or the newest good
     checkpoint's with the data stream where it stopped."""
@@ -328,12 +378,13 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
+    data = _data_section(experiment.data, run, resuming)
     source = None
-    if experiment.data.init_from:
+    if data.init_from:
         source = _pretrained_snapshot(experiment, run, resuming)
-    if experiment.data.store_dir:
+    if data.store_dir:
         dataset = input_pipeline.build_store_dataset(
-            experiment.data,
+            data,
             run,
             seed=settings.seed,
             num_steps=settings.num_train_steps,
@@ -346,13 +397,14 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         )
     else:
         dataset = input_pipeline.build_dataset(
-            experiment.data,
+            data,
             run,
             seed=settings.seed,
             num_devices=mesh.size,
             share=share,
             make_tokenizer=_shared_tokenizer,
         )
+    _check_end_of_run(experiment, dataset)
     _check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     tokenizer = dataset.tokenizer
@@ -386,6 +438,21 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = dataset.stream(settings.seed, stream_state, int(state.step))
     return _Start(dataset, program, state, stream, share)
+
+
+def _check_end_of_run(experiment: Experiment, dataset: input_pipeline.Dataset) -> None:
+    """Checks, before the first step and any checkpoint, what the run does at its end and
+    between steps with the tokenizer in hand: the task's decoding and scoring settings
+    (`Task.check_outputs`: prompts, BLEU, beams, sampling) and the loss curve's plotter.
+
+    Raises:
+        ValueError: a setting that would fail later, naming its fields and the fix.
+    """
+    dataset.task.check_outputs(
+        experiment.eval, dataset.tokenizer, interim=bool(experiment.run.bleu_every_steps)
+    )
+    if importlib.util.find_spec("matplotlib") is None:
+        logging.warning("matplotlib is not installed: the run will draw no loss_curve.png.")
 
 
 def _run(
@@ -449,6 +516,11 @@ def _run(
                 say(
                     f"step {step}: validation loss {valid['nll']:.3f}, perplexity "
                     f"{valid['perplexity']:.1f}, accuracy {100 * valid['accuracy']:.1f}%"
+                    + (
+                        f", {valid['bits_per_char']:.3f} bits/char"
+                        if "bits_per_char" in valid
+                        else ""
+                    )
                 )
             every = settings.bleu_every_steps
             if every and step % every == 0 and step < total:
@@ -493,6 +565,7 @@ def _report(run: RunDir, writer, results: dict, primary: bool) -> None:
     writer.close()
     if not primary:
         return
-    plot_loss_curve(run)
+    if importlib.util.find_spec("matplotlib") is not None:  # else warned before step 1
+        plot_loss_curve(run)
     atomic_write_text(run.results, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(format_report(results), flush=True)
