@@ -19,7 +19,7 @@ import pytest
 
 from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
-from train import compile_costs, config_lib, tasks, traced_costs, train_lib
+from train import compile_costs, config_lib, pretrained, tasks, traced_costs, train_lib
 from train.compile_lib import abstract_batch
 from train.sections import DataConfig
 
@@ -468,3 +468,28 @@ def test_gpu_topologies_refuse_another_jax_platform():
     )
     assert result.returncode == 2
     assert "JAX_PLATFORMS=cuda" in _error_line(result) and "JAX_PLATFORMS=cpu" in result.stderr
+
+
+@needs_libtpu
+def test_init_from_compiles_the_pretrained_models_shapes(tmp_path):
+    # Shapes only: the directory's config decides the model; no weight is read.
+    pytest.importorskip("transformers")
+    from train.tiny_pretrained import write_tiny_model
+
+    texts = ["In the beginning God created the heaven and the earth."] * 20
+    model_dir = write_tiny_model(tmp_path / "llama", "llama", texts=texts, vocab_size=300)
+    out = tmp_path / "report.json"
+    result = _compile(
+        "--config=configs/finetune_gpt2.py",
+        f"--config.init_from={model_dir}",
+        "--config.max_len=64",
+        "--config.batch_size=8",
+        "--topology=v5e:2x2",
+        f"--json={out}",
+    )
+    assert result.returncode == 0, result.stderr
+    source = pretrained.read_source(model_dir)
+    model = tasks.get_task("lm").make_model(source.model)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), *tasks.get_task("lm").init_inputs())
+    params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+    assert json.loads(out.read_text())["params"] == params
