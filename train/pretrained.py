@@ -48,6 +48,7 @@ SNAPSHOT_DIR = "pretrained"
 SOURCE_FILE = "source.json"
 SNAPSHOT_FILES = (CONFIG_FILE, *TOKENIZER_FILES)
 
+RUN = "run"  # the family of a train.main run directory as init_from
 # The families init_from reads: model_type -> the library's config converter and importer.
 FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
 
@@ -145,18 +146,28 @@ class Source:
 
     Attributes:
         path: the directory (the source, or a run's snapshot of its small files).
-        family: 'gpt2' or 'llama' (Mistral configs are Llama-family).
-        hf_config: config.json with transformers' defaults filled in.
-        model: the model config the library's importer gives (vocab V + 1, pad id V).
+        family: 'gpt2' or 'llama' (Mistral configs are Llama-family), or 'run': a
+            `train.main` run directory (its newest checkpoint and its tokenizer).
+        hf_config: config.json with transformers' defaults filled in ({} for a run).
+        model: the model config the library's importer gives (vocab V + 1, pad id V), or
+            the run's.
+        data: a run's data section (its tokenizer); None for a Hugging Face directory.
     """
 
     path: pathlib.Path
     family: str
     hf_config: Mapping[str, Any]
     model: TransformerConfig
+    data: Any = None
 
-    def tokenizer(self) -> PretrainedTokenizer:
-        """The directory's tokenizer (`tokenizer.json`) with the model's pad id."""
+    def tokenizer(self):
+        """The directory's tokenizer (`tokenizer.json`) with the model's pad id, or the
+        run's own tokenizer."""
+        if self.family == RUN:
+            from train.input_pipeline import make_tokenizer
+            from train.rundir import RunDir
+
+            return make_tokenizer(self.data.tokenizer, self.data.vocab_size, RunDir(self.path))
         return PretrainedTokenizer(
             self.path, model_vocab_size=self.model.vocab_size, pad_id=self.model.pad_id
         )
@@ -198,14 +209,13 @@ def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise _fail(path, f"{CONFIG_FILE} is not readable JSON ({err})") from None
+    if isinstance(raw, dict) and "task" in raw and "model" in raw:
+        return _read_run_source(directory, need_weights)
     if not isinstance(raw, dict) or "model_type" not in raw:
-        hint = (
-            " (it looks like a train.main run directory: fine-tuning from one of our own runs "
-            "is not supported yet; export it with python -m train.export first)"
-            if isinstance(raw, dict) and "task" in raw
-            else ""
+        raise _fail(
+            path,
+            f"{CONFIG_FILE} has no model_type: neither a Hugging Face model nor a train.main run",
         )
-        raise _fail(path, f"{CONFIG_FILE} has no model_type{hint}")
     model_type = raw["model_type"]
     if model_type not in FAMILIES:
         raise _fail(
@@ -223,6 +233,27 @@ def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source
     except (ValueError, TypeError) as err:
         raise _fail(path, f"{err}".rstrip(".")) from None
     return Source(directory, family, hf_config, model)
+
+
+def _read_run_source(directory: pathlib.Path, need_weights: bool) -> Source:
+    """A `train.main` run directory as init_from: its model section and tokenizer."""
+    from train.config_lib import read_saved
+
+    try:
+        _, experiment = read_saved(directory)
+    except (FileNotFoundError, ValueError) as err:
+        raise _fail(directory, f"a train.main run whose config does not read ({err})") from None
+    if experiment.data.task != "lm":
+        raise _fail(
+            directory,
+            f"the run trained task={experiment.data.task!r}; init_from starts a language model "
+            "(task='lm') from a language model",
+        )
+    if need_weights and not any((directory / "checkpoints").glob("*")):
+        raise _fail(directory, "a train.main run without checkpoints: train it first")
+    source = Source(directory, RUN, {}, experiment.model, experiment.data)
+    model = dataclasses.replace(experiment.model, vocab_size=source.tokenizer().vocab_size)
+    return dataclasses.replace(source, model=model)
 
 
 def _check_weights(directory: pathlib.Path) -> None:
@@ -283,9 +314,15 @@ def open_source(init_from: str, workdir: str | os.PathLike | None = None) -> Sou
 
 def snapshot(source: Source, target: pathlib.Path) -> None:
     """Copies the source's config and tokenizer files into `target` (a run's
-    `pretrained/`), and records where they came from."""
+    `pretrained/`), and records where they came from. A run's: its config.json, its
+    SentencePiece model and its own `pretrained/` (the tokenizer of what it started from)."""
     target.mkdir(parents=True, exist_ok=True)
-    for name in SNAPSHOT_FILES:
+    names = SNAPSHOT_FILES
+    if source.family == RUN:
+        names = (CONFIG_FILE, f"spm_{source.data.vocab_size}.model")
+        if (source.path / SNAPSHOT_DIR).is_dir():
+            shutil.copytree(source.path / SNAPSHOT_DIR, target / SNAPSHOT_DIR, dirs_exist_ok=True)
+    for name in names:
         if (source.path / name).is_file():
             shutil.copyfile(source.path / name, target / f"{name}.tmp")
             os.replace(target / f"{name}.tmp", target / name)
@@ -408,10 +445,12 @@ def load_weights(
     Raises:
         ValueError: a weight missing or of the wrong shape (named).
     """
-    reader = SafetensorsReader(source.path)
-    lazy = _lazy_model(source, reader)
     base = dataclasses.replace(model, **_without_adapters(model))
     dtype = np.dtype(base.param_dtype)
+    if source.family == RUN:
+        return _load_run_weights(source, base, placement), 0
+    reader = SafetensorsReader(source.path)
+    lazy = _lazy_model(source, reader)
 
     def place(path: tuple[str, ...], array: np.ndarray):
         array = np.asarray(array).astype(dtype, copy=False)
@@ -441,6 +480,33 @@ def load_weights(
                 out[path] = place(path, value)
     _check_tree(out, base, source)
     return traverse_util.unflatten_dict(out), reader.bytes_on_disk
+
+
+def _load_run_weights(source: Source, model: TransformerConfig, placement) -> dict:
+    """The newest parameters of a train.main run (LoRA adapters merged into their
+    weights), in `model`'s dtype and layout, placed as `placement` says."""
+    from train.checkpoint import load_trained
+
+    trained = load_trained(source.path)
+    config, params = trained.model.config, trained.params
+    if getattr(config, "lora_rank", 0):
+        from flax_transformer import merge_lora
+
+        config, params = merge_lora(config, params)
+    if config.scan_layers != model.scan_layers:
+        raise _fail(
+            source.path,
+            f"the run's layers are stored with scan_layers={config.scan_layers}; set "
+            f"--config.model.scan_layers={config.scan_layers}",
+        )
+    dtype = np.dtype(model.param_dtype)
+    out = {}
+    for path, value in traverse_util.flatten_dict(params).items():
+        value = jnp.asarray(value, dtype)
+        if placement is not None and path in placement:
+            value = jax.device_put(value, placement[path].sharding)
+        out[path] = value
+    return traverse_util.unflatten_dict(out)
 
 
 def _read_checkpoint(source: Source, lazy, reader: SafetensorsReader, config: TransformerConfig):
