@@ -23,6 +23,7 @@ from flax_transformer import (
     export_llama,
     generate_text,
     generate_translation,
+    load_llama,
     lora_mask,
     lora_param_count,
     merge_lora,
@@ -457,3 +458,44 @@ def test_export_refuses_unmerged_adapters_and_names_merge_lora(tmp_path):
     with pytest.raises(ValueError, match=r"export_llama: .*lora_rank=2.*merge_lora"):
         export_llama(llama, _init(llama, True)[1], tmp_path / "llama")
     assert not list(tmp_path.iterdir())
+
+
+def test_hugging_face_llama_round_trip_through_adapters(tmp_path):
+    """load_llama (base weights; with lora_rank refused) -> LoRA model with those weights
+    -> adapters changed -> merge_lora -> export_llama -> load_llama: the adapted logits."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.LlamaConfig(
+        vocab_size=29,
+        hidden_size=16,
+        intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    hf_model = transformers.LlamaForCausalLM(hf_config).eval()
+    with pytest.raises(ValueError, match=r"lora_rank=2; import with lora_rank=0"):
+        load_llama(hf_model, lora_rank=2)
+    base_config, base = load_llama(hf_model, scan_layers=True)
+    config = base_config.replace(lora_rank=2, lora_targets=ALL)
+    model, params = _init(config, True)
+    params = traverse_util.unflatten_dict({**_flat(params), **_flat(base)}, sep="/")
+    np.testing.assert_array_equal(
+        model.apply(params, TOKENS), DecoderOnlyTransformer(base_config).apply(base, TOKENS)
+    )
+    params = _perturbed(params)
+    merged_config, merged = merge_lora(config, params)
+    export_llama(merged_config, merged, tmp_path)
+    _, back = load_llama(tmp_path, scan_layers=True)
+    np.testing.assert_allclose(
+        DecoderOnlyTransformer(merged_config).apply(back, TOKENS),
+        model.apply(params, TOKENS),
+        atol=1e-5,
+        rtol=0,
+    )
