@@ -13,7 +13,9 @@ Layers of the package (imports point down only: a module imports only from those
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
 Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes, the
 rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
-them) and checked (checkify around jit; imports jax and functional's checks only).
+them), checked (checkify around jit; imports jax and functional's checks only) and lora
+(merge_lora, lora_mask, lora_param_count over a parameter tree; imports config and
+functional; the adapters themselves are `layers.lora`).
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,
@@ -61,6 +63,7 @@ from flax_transformer.layers import (
     PositionalEncoding,
     RMSNorm,
 )
+from flax_transformer.lora import lora_mask, lora_param_count, merge_lora
 from flax_transformer.models import DecoderOnlyTransformer, Transformer, check_tokens
 from flax_transformer.sharding import mesh_rules, on_mesh
 
@@ -104,6 +107,9 @@ __all__ = [
     "llama_config",
     "load_gpt2",
     "load_llama",
+    "lora_mask",
+    "lora_param_count",
+    "merge_lora",
     "mesh_rules",
     "multi_head_attention",
     "on_mesh",

@@ -14,3 +14,4 @@ MLP = "mlp"  # feed-forward width F
 VOCAB = "vocab"
 LAYERS = "layers"  # the stacked-layer axis of nn.scan
 QKV = "qkv"  # the 3 (or 2) of a fused Q/K/V kernel; never sharded
+LORA = "lora"  # the rank r of a LoRA adapter pair (small); never sharded

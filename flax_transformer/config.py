@@ -19,6 +19,22 @@ _LAYER_CHOICES = {
     "attention_impl": ("xla", "jax_nn", "splash", "cudnn"),
 }
 _CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned", "rope")}
+# LoRA targets: the projections an adapter may sit on, by the name a user writes, and the
+# kernel each one adapts (layers/attention.py, layers/feed_forward.py).
+LORA_TARGETS = {
+    "q": "queries: the q part of qkv_kernel, or query_kernel",
+    "k": "keys: the k part of qkv_kernel or kv_kernel",
+    "v": "values: the v part of qkv_kernel or kv_kernel",
+    "o": "attention output: out_kernel",
+    "up": "feed-forward up projection: wi_kernel",
+    "gate": "feed-forward gate (swiglu, geglu only): wg_kernel",
+    "down": "feed-forward down projection: wo_kernel",
+}
+# Defaults of the LoRA fields. alpha 8 is PEFT's LoraConfig default (with its default rank 8
+# the scale alpha / rank is 1); targets q and v are the LoRA paper's choice (Hu et al. 2021,
+# section 7.1) and PEFT's default for Llama.
+DEFAULT_LORA_ALPHA = 8.0
+DEFAULT_LORA_TARGETS = ("q", "v")
 
 
 def _as_dtype(owner: str, field: str, value: Any) -> Any:
@@ -77,6 +93,7 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
                 f"{owner}.num_kv_heads={kv_heads} does not divide num_heads={config.num_heads}; "
                 "pick a divisor of num_heads (num_heads: multi-head, 1: multi-query attention)."
             )
+    _check_lora(config)
     base = config.rope_base
     if isinstance(base, bool) or not isinstance(base, int | float) or not math.isfinite(base):
         raise ValueError(f"{owner}.rope_base={base!r} must be a finite number > 0.")
@@ -89,6 +106,45 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
             f"d_model / num_heads = {config.d_model} / {config.num_heads} = {head_dim} must be "
             "even; change d_model or num_heads."
         )
+
+
+def _check_lora(config: Any) -> None:
+    """The LoRA fields: rank >= 0, alpha finite > 0, targets a tuple of known names (a list
+    is stored as a tuple, so the config stays hashable); checked whatever the rank."""
+    owner = type(config).__name__
+    rank = config.lora_rank
+    if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
+        raise ValueError(
+            f"{owner}.lora_rank={rank!r} must be an integer >= 0 (0 = no LoRA adapters)."
+        )
+    _check_real(config, "lora_alpha", "> 0", lambda v: v > 0)
+    targets = config.lora_targets
+    if isinstance(targets, str) or not isinstance(targets, tuple | list):
+        raise ValueError(
+            f"{owner}.lora_targets={targets!r} must be a tuple of projection names, e.g. "
+            f"('q', 'v'); choose among {tuple(LORA_TARGETS)}."
+        )
+    targets = tuple(targets)
+    for name in targets:
+        if name not in LORA_TARGETS:
+            raise ValueError(
+                f"{owner}.lora_targets has {name!r}, which is not a projection LoRA can "
+                f"adapt; choose among {tuple(LORA_TARGETS)}."
+            )
+    twice = sorted({name for name in targets if targets.count(name) > 1})
+    if twice:
+        raise ValueError(f"{owner}.lora_targets={targets!r} names {twice} more than once.")
+    if rank > 0 and not targets:
+        raise ValueError(
+            f"{owner}.lora_rank={rank} asks for adapters but lora_targets is empty; name "
+            f"the projections to adapt among {tuple(LORA_TARGETS)}, or set lora_rank=0."
+        )
+    if "gate" in targets and config.activation not in ("swiglu", "geglu"):
+        raise ValueError(
+            f"{owner}.lora_targets has 'gate', but activation={config.activation!r} has no "
+            "gate kernel (only 'swiglu' and 'geglu' do); remove 'gate' or use 'up'/'down'."
+        )
+    object.__setattr__(config, "lora_targets", targets)
 
 
 def _check_real(config: Any, name: str, bounds: str, within) -> None:
@@ -151,6 +207,9 @@ class LayerConfig:
     num_kv_heads: int | None = None  # key/value heads K (see TransformerConfig); None = num_heads
     rope: bool = False  # rotary positions on self-attention (TransformerConfig.positional='rope')
     rope_base: float = 10000.0  # rotary frequency base (see TransformerConfig)
+    lora_rank: int = 0  # LoRA adapter rank r (see TransformerConfig); 0 = no adapters
+    lora_alpha: float = DEFAULT_LORA_ALPHA  # LoRA scale alpha / r (see TransformerConfig)
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # adapted projections
 
     def __post_init__(self):
         _check_layer_fields(self, _LAYER_CHOICES)
@@ -233,6 +292,17 @@ class TransformerConfig:
     # through `flax_transformer.checked` (jax's checkify) to get the error raised. Off: no
     # check costs anything, and such inputs give NaN (docs/api.md, "What jit does not check")
     debug_checks: bool = False
+    # LoRA (Hu et al. 2021, arXiv:2106.09685): rank r of the low-rank adapters; 0 = none (the
+    # parameter tree of a model without them). With r > 0 every targeted kernel W is used as
+    # W + (lora_alpha / r) * A @ B, A `(in, r)` uniform(+-1/sqrt(in)) as PEFT, B `(r, out)`
+    # zeros, both float32 whatever param_dtype (`flax_transformer.lora`)
+    lora_rank: int = 0
+    # Numerator of the adapters' scale alpha / r (8: PEFT's default, scale 1 at r = 8)
+    lora_alpha: float = DEFAULT_LORA_ALPHA
+    # Projections that get adapters, in every layer of both stacks: attention 'q', 'k', 'v',
+    # 'o' (self- and cross-attention), feed-forward 'up', 'down', and 'gate' (swiglu, geglu).
+    # ('q', 'v'): the paper's choice
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
 
     def __post_init__(self):
         _check_layer_fields(self, _CHOICES)

@@ -40,6 +40,7 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     (axes.VOCAB, "tensor"),
     (axes.KV, None),
     (axes.QKV, None),
+    (axes.LORA, None),
     (axes.LENGTH, None),
     (axes.LAYERS, None),
 )

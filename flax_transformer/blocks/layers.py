@@ -82,6 +82,7 @@ def _attention(config: LayerConfig, name: str, cross: bool = False) -> MultiHead
         init_std=config.init_std,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
+        **_lora_fields(config),
         name=name,
     )
 
@@ -94,8 +95,18 @@ def _feed_forward(config: LayerConfig) -> FeedForward:
         init_std=config.init_std,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
+        **_lora_fields(config),
         name="ffn",
     )
+
+
+def _lora_fields(config: LayerConfig) -> dict:
+    """The LoRA fields every attention and feed-forward module of a layer takes."""
+    return {
+        "lora_rank": config.lora_rank,
+        "lora_alpha": config.lora_alpha,
+        "lora_targets": config.lora_targets,
+    }
 
 
 class _Residual:

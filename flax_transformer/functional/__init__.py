@@ -15,6 +15,7 @@ from flax_transformer.functional.attention import (
     softmax_dtype,
 )
 from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward
+from flax_transformer.functional.lora import lora_delta
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
     AttentionMask,
@@ -49,6 +50,7 @@ __all__ = [
     "gated_feed_forward",
     "label_smoothed_cross_entropy",
     "layer_norm",
+    "lora_delta",
     "multi_head_attention",
     "padding_mask",
     "project",

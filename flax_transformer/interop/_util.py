@@ -67,6 +67,12 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
     Returns:
       `{'params': ...}` of jnp arrays in `config.param_dtype`, ready for `model.apply`.
     """
+    if config.lora_rank:
+        raise ValueError(
+            f"imported weights are a base model's, with no LoRA adapters, but the config has "
+            f"lora_rank={config.lora_rank}; import with lora_rank=0, then build the LoRA "
+            "model and copy these weights into its params by path (docs/api.md, 'LoRA')."
+        )
     expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), *args)))
     want = traverse_util.flatten_dict(expected["params"], sep="/")
     have = traverse_util.flatten_dict(params, sep="/")

@@ -47,8 +47,20 @@ def _resolved(config: TransformerConfig, switch: str) -> bool:
     return config.use_bias if value is None else value
 
 
+def check_no_lora(fn: str, config: TransformerConfig) -> None:
+    """Hugging Face's GPT-2 and Llama have no LoRA adapters: refuse a config with them
+    (exporting its kernels alone would drop the adapters without a word)."""
+    if config.lora_rank:
+        raise ValueError(
+            f"{fn}: TransformerConfig.lora_rank={config.lora_rank} has LoRA adapters, which "
+            "the Hugging Face layout cannot hold; fold them into the kernels first: "
+            "config, params = flax_transformer.merge_lora(config, params)."
+        )
+
+
 def _check_gpt2_compatible(config: TransformerConfig) -> None:
     """Raise ValueError naming every field that GPT-2's layout cannot express."""
+    check_no_lora("export_gpt2", config)
     wanted = {
         "norm": ("layernorm", config.norm),
         "norm_position": ("pre", config.norm_position),

@@ -55,7 +55,7 @@ from flax_transformer.interop._util import (
     stack_layers,
     to_numpy,
 )
-from flax_transformer.interop.export import layer_trees, write_hf_directory
+from flax_transformer.interop.export import check_no_lora, layer_trees, write_hf_directory
 from flax_transformer.models import DecoderOnlyTransformer
 
 _MODEL_TYPES = ("llama", "mistral")
@@ -227,6 +227,7 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
 
 def _check_llama_compatible(config: TransformerConfig) -> None:
     """Raise ValueError naming every field that Llama's layout cannot express."""
+    check_no_lora("export_llama", config)
     wanted = {
         "norm": ("rmsnorm", config.norm),
         "norm_position": ("pre", config.norm_position),

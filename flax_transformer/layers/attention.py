@@ -28,6 +28,11 @@ times smaller. The K heads are shared through `vmap`, never copied.
 Rotary positions (`rope=True`, self-attention only): queries and keys are rotated by their
 positions (`functional.apply_rope`) after the projections, and keys are written to the
 cache already rotated, so cached keys never need their positions again.
+
+LoRA (`lora_rank` > 0, `layers.lora`): each targeted projection's kernel is replaced, where
+it is read (`_adapted`), by `W + (alpha / r) * A @ B`; a fused kernel gets one adapter pair
+per targeted part. Every call reads the kernels the same way, so the KV-cache steps use
+the adapted ones too.
 """
 
 from __future__ import annotations
@@ -40,12 +45,17 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
+from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
 from flax_transformer.functional import apply_rope, broadcast_mask, project
 from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.checks import as_array, check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
+from flax_transformer.layers.lora import adapt_kernel
+
+# The LoRA target of each projection kernel, or of each part of a fused one (axis 1).
+_LORA_PARTS = {"qkv": ("q", "k", "v"), "kv": ("k", "v"), "query": "q"}
 
 
 class MultiHeadAttention(nn.Module):
@@ -70,6 +80,10 @@ class MultiHeadAttention(nn.Module):
       rope: rotate queries and keys by their positions (rotary embeddings; self-attention
         only, cross=True with rope=True raises ValueError).
       rope_base: the rotary frequency base (DEFAULT_ROPE_BASE = 10000).
+      lora_rank, lora_alpha, lora_targets: LoRA adapters (`layers.lora`; rank 0 = none) on
+        the targeted projections among 'q', 'k', 'v', 'o' (other names are ignored: they
+        are the feed-forward's). A fused kernel gets one adapter pair per targeted part:
+        `lora_q`, `lora_k`, `lora_v`, `lora_o`, each with `lora_a`, `lora_b`.
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, K, L, H), 'v': (B, K, L, H)}` for L slots;
@@ -94,6 +108,22 @@ class MultiHeadAttention(nn.Module):
     num_kv_heads: int | None = None
     rope: bool = False
     rope_base: float = DEFAULT_ROPE_BASE
+    lora_rank: int = 0
+    lora_alpha: float = DEFAULT_LORA_ALPHA
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+
+    def _adapted(self, kernel: jax.Array, names, parts, in_axes: int = 1) -> jax.Array:
+        """The kernel in `dtype`, plus its LoRA updates where targeted (`layers.lora`)."""
+        return adapt_kernel(
+            kernel,
+            names,
+            parts,
+            in_axes=in_axes,
+            rank=self.lora_rank,
+            alpha=self.lora_alpha,
+            targets=self.lora_targets,
+            dtype=self.dtype,
+        )
 
     def _project(
         self, name: str, x_BTD: jax.Array, features: tuple[int, ...], names: tuple[str, ...]
@@ -106,7 +136,8 @@ class MultiHeadAttention(nn.Module):
             (width, *features),
             self.param_dtype,
         )
-        y = project(x_BTD.astype(self.dtype), kernel.astype(self.dtype))
+        kernel = self._adapted(kernel, (axes.EMBED, *names), _LORA_PARTS[name])
+        y = project(x_BTD.astype(self.dtype), kernel)
         if self.use_bias:
             bias = self.param(
                 f"{name}_bias", partitioned(zeros_init, names), features, self.param_dtype
@@ -278,16 +309,18 @@ class MultiHeadAttention(nn.Module):
     def _merge_heads(self, out_BTNH, width: int) -> jax.Array:
         """Concatenate the heads, then one `(N*H, D)` matmul with W_O (the paper §3.2.2)."""
         batch, q_len, num_heads, head_dim = out_BTNH.shape
+        out_names = (axes.HEADS, axes.KV, axes.EMBED)
         w_out = self.param(
             "out_kernel",
-            partitioned(nn.initializers.normal(self.init_std), (axes.HEADS, axes.KV, axes.EMBED)),
+            partitioned(nn.initializers.normal(self.init_std), out_names),
             (num_heads, head_dim, width),
             self.param_dtype,
         )
+        w_out = self._adapted(w_out, out_names, "o", in_axes=2)
         # Merging (N, H) into one axis is free for the kernel; contracting over two axes
         # instead made XLA transpose the kernel on every decoding step.
         concat_BTK = out_BTNH.reshape(batch, q_len, num_heads * head_dim).astype(self.dtype)
-        y_BTD = project(concat_BTK, w_out.reshape(num_heads * head_dim, width).astype(self.dtype))
+        y_BTD = project(concat_BTK, w_out.reshape(num_heads * head_dim, width))
         if self.use_bias:
             b_out = self.param(
                 "out_bias", partitioned(zeros_init, (axes.EMBED,)), (width,), self.param_dtype

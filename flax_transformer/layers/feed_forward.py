@@ -10,8 +10,13 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
+from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
 from flax_transformer.functional import feed_forward, gated_feed_forward
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
+from flax_transformer.layers.lora import adapt_kernel
+
+# The LoRA target name of each kernel (`TransformerConfig.lora_targets`).
+_LORA_TARGET = {"wi_kernel": "up", "wg_kernel": "gate", "wo_kernel": "down"}
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -40,6 +45,10 @@ class FeedForward(nn.Module):
       use_bias: learn biases (b1, b2; gated: bg, bu, bd).
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes.
+      lora_rank, lora_alpha, lora_targets: LoRA adapters (`layers.lora`; rank 0 = none) on
+        the targeted kernels among 'up' (`wi_kernel`), 'gate' (`wg_kernel`) and 'down'
+        (`wo_kernel`), as children `lora_up`, `lora_gate`, `lora_down` with params
+        `lora_a`, `lora_b` (attention names 'q', 'k', 'v', 'o' are ignored here).
     """
 
     d_ff: int
@@ -48,10 +57,23 @@ class FeedForward(nn.Module):
     init_std: float = INIT_STD
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    lora_rank: int = 0
+    lora_alpha: float = DEFAULT_LORA_ALPHA
+    lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
 
     def _kernel(self, name: str, shape: tuple[int, int], names: tuple[str, str]) -> jax.Array:
         init = partitioned(nn.initializers.normal(self.init_std), names)
-        return self.param(name, init, shape, self.param_dtype).astype(self.dtype)
+        kernel = self.param(name, init, shape, self.param_dtype)
+        return adapt_kernel(
+            kernel,
+            names,
+            _LORA_TARGET[name],
+            in_axes=1,
+            rank=self.lora_rank,
+            alpha=self.lora_alpha,
+            targets=self.lora_targets,
+            dtype=self.dtype,
+        )
 
     def _bias(self, name: str, size: int, axis: str) -> jax.Array:
         init = partitioned(zeros_init, (axis,))
