@@ -54,6 +54,11 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.param_dtype = "float32"  # parameter storage dtype
     model.scan_layers = False  # nn.scan over layers (flat compile time in depth)
     model.remat = False  # rematerialise layers in the backward pass (saves memory)
+    model.lora_rank = 0  # LoRA adapters of this rank on the lora_targets projections; 0 = none
+    # (with init_from: only the adapters train, the pretrained weights stay frozen)
+    model.lora_alpha = 8.0  # LoRA scale alpha / rank (PEFT's default alpha)
+    model.lora_targets = ("q", "v")  # projections adapted: q, k, v, o (attention), up, gate,
+    # down (feed-forward); ('q', 'v') as in the LoRA paper
     return model
 
 

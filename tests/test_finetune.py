@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+from flax import traverse_util
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -19,7 +20,7 @@ from configs import finetune_gpt2  # noqa: E402
 from train import config_lib, finetune, pretrained, train_lib  # noqa: E402
 from train.checkpoint import Checkpointer, load_trained  # noqa: E402
 from train.corpora import load_kjv_lines  # noqa: E402
-from train.export import export_run  # noqa: E402
+from train.export import export_adapters, export_run  # noqa: E402
 from train.inference import sample_text  # noqa: E402
 from train.rundir import RunDir, prepare_workdir  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
@@ -296,3 +297,75 @@ def test_sharded_checkpoints_and_the_scanned_layout_load_the_same_weights(model_
     for i in range(source.model.num_layers):
         layer = jax.tree.map(lambda x, i=i: x[i], scanned["decoder"]["layers"])
         jax.tree.map(np.testing.assert_array_equal, flat["decoder"][f"layers_{i}"], layer)
+
+
+LORA_TARGETS = ("q", "v", "o", "up", "down")
+
+
+def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_path):
+    from flax_transformer import lora_param_count
+
+    overrides = {"model.lora_rank": 4, "model.lora_targets": LORA_TARGETS}
+    config = _config(model_dirs["gpt2"], corpus, learning_rate=1e-2, **overrides)
+    experiment, start = _start(config, tmp_path / "probe")
+    before = jax.tree.map(np.asarray, start.state.params)
+    state = start.state
+    for _ in range(3):
+        state, _ = start.program.train_step(state, start.program.put_batch(next(start.stream)))
+    flat_before = traverse_util.flatten_dict(before)
+    flat_after = traverse_util.flatten_dict(jax.tree.map(np.asarray, state.params))
+    adapters = {k for k in flat_before if finetune.is_adapter(k)}
+    assert adapters and all(
+        np.array_equal(flat_before[k], flat_after[k]) != (k in adapters) for k in flat_before
+    ), "only the adapters train"
+    count = sum(flat_before[k].size for k in adapters)
+    assert count == lora_param_count(experiment.model, decoder_only=True)
+    # Adam's two moments for the adapters only.
+    moments = sum(x.size for x in jax.tree.leaves(state.opt_state))
+    assert 2 * count <= moments < 2 * count + 16
+    # A run, then its export with the adapters merged: transformers' logits equal the
+    # unmerged model's.
+    config.num_train_steps = 5
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    out = export_run(tmp_path / "run", tmp_path / "hf")
+    trained = load_trained(tmp_path / "run")
+    assert trained.model.config.lora_rank == 4
+    vocab = trained.model.config.pad_id
+    ids = np.asarray([trained.tokenizer.encode("And the earth was without form")])
+    ours = trained.model.apply({"params": trained.params}, ids)[..., :vocab]
+    theirs = _hf_logits(_hf_model(out), ids, vocab)
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL, rtol=0)
+
+
+def test_a_run_directory_is_a_source_too(model_dirs, corpus, lr0_runs, tmp_path):
+    # Fine-tune the (unchanged) pretrained model of an earlier run: the same validation loss
+    # at learning rate 0, and the tokenizer the run used.
+    first, results = lr0_runs["gpt2"]
+    config = _config(first, corpus, learning_rate=0.0)
+    again = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    assert again["valid"]["loss"] == pytest.approx(results["valid"]["loss"], abs=1e-6)
+    tokenizer = load_trained(tmp_path / "run").tokenizer
+    assert tokenizer.encode("In the beginning") == load_trained(first).tokenizer.encode(
+        "In the beginning"
+    )
+
+
+def test_adapters_alone_load_into_peft(model_dirs, corpus, tmp_path):
+    peft = pytest.importorskip("peft")
+    overrides = {"model.lora_rank": 4, "model.lora_targets": ("q", "k", "o", "gate", "down")}
+    config = _config(model_dirs["llama"], corpus, learning_rate=1e-2, num_train_steps=4)
+    for key, value in overrides.items():
+        config.model[key.removeprefix("model.")] = value
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    out = export_adapters(tmp_path / "run", tmp_path / "adapters")
+    trained = load_trained(tmp_path / "run")
+    vocab = trained.model.config.pad_id
+    ids = np.asarray([trained.tokenizer.encode("And the earth was without form")])
+    ours = trained.model.apply({"params": trained.params}, ids)[..., :vocab]
+    model = peft.PeftModel.from_pretrained(_hf_model(model_dirs["llama"]), str(out)).eval()
+    with torch.no_grad():
+        theirs = model(torch.as_tensor(ids)).logits[..., :vocab].numpy()
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=ATOL, rtol=0)
+    # The adapters trained: the model is not the base one.
+    base = _hf_logits(_hf_model(model_dirs["llama"]), ids, vocab)
+    assert np.abs(theirs - base).max() > 1e-3

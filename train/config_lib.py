@@ -260,6 +260,13 @@ def read_saved(
         ) from None
 
 
+def _as_json(value: Any) -> Any:
+    """A value as config.json gives it back: tuples become lists."""
+    if isinstance(value, tuple | list):
+        return [_as_json(v) for v in value]
+    return value
+
+
 def changed_identity_fields(
     saved: Mapping[str, Any], current: ml_collections.ConfigDict
 ) -> list[str]:
@@ -289,8 +296,8 @@ def changed_identity_fields(
             changed += [
                 f"{field}.{k}"
                 for k in sorted(set(old) | set(new))
-                if old.get(k, defaults.get(k)) != new.get(k, defaults.get(k))
+                if _as_json(old.get(k, defaults.get(k))) != _as_json(new.get(k, defaults.get(k)))
             ]
-        elif old != new:
+        elif _as_json(old) != _as_json(new):
             changed.append(field)
     return changed

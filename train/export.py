@@ -25,6 +25,7 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from absl import app, flags
 
@@ -71,12 +72,7 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
             "decoder-only language models (task='lm')."
         )
     model_config, params = _merged(trained.model.config, trained.params)
-    snapshot = pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR
-    source = (
-        pretrained.read_source(snapshot, need_weights=False)
-        if (snapshot / pretrained.CONFIG_FILE).is_file()
-        else None
-    )
+    source, snapshot = _hf_origin(pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR)
     family = source.family if source is not None else _family(model_config)
     to_tensors = gpt2_tensors if family == "gpt2" else llama_tensors
     tensors = to_tensors(model_config, {"params": params})
@@ -103,6 +99,99 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
     return out
 
 
+def _hf_origin(snapshot: pathlib.Path):
+    """The Hugging Face model a run started from, and the run's copy of its files: through
+    the copies of runs started from runs; (None, None) for a run trained from scratch."""
+    while (snapshot / pretrained.CONFIG_FILE).is_file():
+        source = pretrained.read_source(snapshot, need_weights=False)
+        if source.family != pretrained.RUN:
+            return source, snapshot
+        snapshot = snapshot / pretrained.SNAPSHOT_DIR
+    return None, None
+
+
+# Our LoRA targets -> the Llama module each adapts, as PEFT names them.
+_PEFT_MODULES = {
+    "q": "self_attn.q_proj",
+    "k": "self_attn.k_proj",
+    "v": "self_attn.v_proj",
+    "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj",
+    "up": "mlp.up_proj",
+    "down": "mlp.down_proj",
+}
+_PARENTS = {"q": "self_attention", "k": "self_attention", "v": "self_attention"}
+_PARENTS |= {"o": "self_attention", "gate": "ffn", "up": "ffn", "down": "ffn"}
+
+
+def export_adapters(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
+    """Writes a LoRA run's adapters alone, as the PEFT library saves them
+    (`adapter_model.safetensors`, `adapter_config.json`): `PeftModel.from_pretrained(base,
+    out)` on the source Hugging Face model gives the run's model.
+
+    A Llama-family run only: GPT-2 fuses q, k and v into one `c_attn` weight, where our
+    adapters are one per part (export it merged instead).
+
+    Raises:
+        ValueError: the run has no adapters, or is not Llama-family.
+    """
+    from safetensors.numpy import save_file
+
+    from train.checkpoint import load_trained
+
+    trained = load_trained(workdir)
+    config, params = trained.model.config, trained.params
+    if not getattr(config, "lora_rank", 0):
+        raise ValueError(
+            f"{workdir} has no LoRA adapters (lora_rank=0): export it without --adapters_only."
+        )
+    if _family(config) != "llama":
+        raise ValueError(
+            f"--adapters_only writes PEFT adapters of Llama-family models; {workdir} is GPT-2-"
+            "style, whose fused c_attn weight PEFT adapts as one: export it merged instead."
+        )
+    decoder = params["decoder"]
+    layers = [
+        jax.tree.map(lambda x, i=i: np.asarray(x[i]), decoder["layers"])
+        if "layers" in decoder
+        else jax.tree.map(np.asarray, decoder[f"layers_{i}"])
+        for i in range(config.decoder_layers)
+    ]
+    r = config.lora_rank
+    tensors = {}
+    for i, layer in enumerate(layers):
+        for target in config.lora_targets:
+            pair = layer[_PARENTS[target]][f"lora_{target}"]
+            a, b = pair["lora_a"], pair["lora_b"]
+            name = f"base_model.model.model.layers.{i}.{_PEFT_MODULES[target]}"
+            # PEFT: delta = B @ A with A (r, in), B (out, r); ours: x @ (A' @ B'), A' (in, r).
+            tensors[f"{name}.lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, r).T)
+            tensors[f"{name}.lora_B.weight"] = np.ascontiguousarray(b.reshape(r, -1).T)
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.astype(np.float32) for k, v in tensors.items()},
+        str(out / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    snapshot = pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR / pretrained.SOURCE_FILE
+    base = json.loads(snapshot.read_text())["path"] if snapshot.is_file() else None
+    adapter_config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": r,
+        "lora_alpha": config.lora_alpha,
+        "lora_dropout": 0.0,
+        "target_modules": sorted(_PEFT_MODULES[t].split(".")[-1] for t in config.lora_targets),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+    }
+    (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+    return out
+
+
 def _merged(model_config, params) -> tuple[Any, Any]:
     """The model without LoRA adapters: each folded into its weight."""
     if not getattr(model_config, "lora_rank", 0):
@@ -115,6 +204,11 @@ def _merged(model_config, params) -> tuple[Any, Any]:
 def _define_flags() -> None:
     flags.DEFINE_string("workdir", None, "A train.main run directory.", required=True)
     flags.DEFINE_string("out", None, "The Hugging Face directory to write.", required=True)
+    flags.DEFINE_bool(
+        "adapters_only",
+        False,
+        "Write a LoRA run's adapters alone, as PEFT saves them (Llama-family runs).",
+    )
 
 
 def main(argv: Sequence[str]) -> None:
@@ -122,10 +216,12 @@ def main(argv: Sequence[str]) -> None:
         die(f"unexpected arguments {argv[1:]} ; see --helpshort.", USAGE_ERROR)
     given = flags.FLAGS
     quiet_library_logs()
-    trained = tools.load_run(given.workdir)
     try:
-        out = write_trained(trained, given.workdir, given.out)
-    except ValueError as err:
+        if given.adapters_only:
+            out = export_adapters(given.workdir, given.out)
+        else:
+            out = write_trained(tools.load_run(given.workdir), given.workdir, given.out)
+    except (FileNotFoundError, ValueError) as err:
         die(str(err))
     print(f"Wrote {out} (transformers: AutoModelForCausalLM.from_pretrained({str(out)!r}))")
 
