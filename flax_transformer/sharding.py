@@ -94,12 +94,15 @@ def make_mesh(
 
 
 def model_rules(config, mesh: Mesh, rules=DEFAULT_RULES):
-    """`rules` fitted to a model config on `mesh`: key/value heads split where they can be.
+    """`rules` fitted to a model config on `mesh`: key/value heads and the vocabulary split
+    where they can be.
 
     The K key/value heads of grouped-query attention (`config.num_kv_heads`) are split
     over the `tensor` axis when its size divides K; otherwise (K = 1, or K = 2 on a tensor
     axis of 4) every device holds all K heads, the small K/V kernels and cache replicated
-    while the N query heads stay split.
+    while the N query heads stay split. Likewise a vocabulary the `tensor` axis does not
+    divide (an imported checkpoint's V + 1 ids, e.g. Llama's 32,001) keeps whole embedding
+    rows on every device instead of failing to place them.
 
     Args:
       config: a `TransformerConfig` (or anything with `kv_heads`); None returns `rules`.
@@ -109,9 +112,13 @@ def model_rules(config, mesh: Mesh, rules=DEFAULT_RULES):
     if config is None:
         return tuple(rules)
     tensor = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True)).get("tensor", 1)
-    if config.kv_heads % tensor == 0:
-        return tuple(rules)
-    return tuple((name, None if name == axes.KV_HEADS else target) for name, target in rules)
+    whole = set()
+    if config.kv_heads % tensor:
+        whole.add(axes.KV_HEADS)
+    vocab_sizes = (getattr(config, "vocab_size", 0), getattr(config, "target_vocab_size", 0))
+    if any(v and v % tensor for v in vocab_sizes):
+        whole.add(axes.VOCAB)
+    return tuple((name, None if name in whole else target) for name, target in rules)
 
 
 def logical_shardings(boxed_tree, mesh: Mesh, rules=DEFAULT_RULES):

@@ -4,6 +4,7 @@ with transformers and `tokenizers`, checked against transformers itself."""
 
 import dataclasses
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -195,8 +196,11 @@ def test_finetune_lowers_validation_loss_and_exports_to_transformers(
 ):
     before = lr0_runs[family][1]["valid"]["loss"]
     config = _config(model_dirs[family], corpus, learning_rate=3e-3, num_train_steps=30)
-    after = train_lib.train_and_evaluate(config, str(tmp_path / "run"))["valid"]["loss"]
+    valid = train_lib.train_and_evaluate(config, str(tmp_path / "run"))["valid"]
+    after = valid["loss"]
     assert after < before - 0.3, (before, after)
+    # Every figure is over the model's own ids (none counts the added pad id).
+    assert valid["nll"] == pytest.approx(after) and np.isfinite(valid["bits_per_char"])
     out = export_run(tmp_path / "run", tmp_path / "hf")
     trained = load_trained(tmp_path / "run")
     vocab = trained.model.config.pad_id
@@ -369,3 +373,43 @@ def test_adapters_alone_load_into_peft(model_dirs, corpus, tmp_path):
     # The adapters trained: the model is not the base one.
     base = _hf_logits(_hf_model(model_dirs["llama"]), ids, vocab)
     assert np.abs(theirs - base).max() > 1e-3
+
+
+_SHARDED_SCRIPT = """
+import json, os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax
+sys.path.insert(0, {tests!r})
+from test_finetune import _config
+from train import config_lib, train_lib
+from train.checkpoint import Checkpointer
+from train.rundir import RunDir, prepare_workdir
+config = _config({model!r}, {corpus!r}, learning_rate=0.0, mesh_shape=(1, 2, 2))
+results = train_lib.train_and_evaluate(config, {workdir!r})
+experiment = config_lib.validate_config(config)
+run = RunDir(prepare_workdir({probe!r}))
+start = train_lib._start(experiment, run, Checkpointer(run.path, keep=1, asynchronous=False))
+embedding = start.state.params["embed"]["embedding"]
+shard = embedding.addressable_shards[0].data.shape
+print(json.dumps({{"loss": results["valid"]["loss"], "shape": embedding.shape, "shard": shard}}))
+"""
+
+
+@pytest.mark.slow
+def test_weights_load_onto_an_fsdp_and_tensor_mesh(model_dirs, corpus, lr0_runs, tmp_path):
+    # 4 simulated devices, mesh (data 1, fsdp 2, tensor 2): each parameter is placed in its
+    # shards as it is read; the model is the same as on one device.
+    script = _SHARDED_SCRIPT.format(
+        tests=str(pathlib.Path(__file__).parent),
+        model=str(model_dirs["llama"]),
+        corpus=str(corpus),
+        workdir=str(tmp_path / "run"),
+        probe=str(tmp_path / "probe"),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["loss"] == pytest.approx(lr0_runs["llama"][1]["valid"]["loss"], rel=1e-5)
+    assert np.prod(report["shard"]) < np.prod(report["shape"])  # split, not replicated

@@ -80,6 +80,11 @@ def test_model_rules_replicate_kv_heads_the_tensor_axis_does_not_divide():
     rules = dict(model_rules(config, FakeMesh(4)))
     assert rules[axes.KV_HEADS] is None and rules[axes.HEADS] == "tensor"
     assert model_rules(None, FakeMesh(4)) == DEFAULT_RULES
+    # An imported checkpoint's vocabulary of V + 1 ids (odd): whole rows on every device.
+    odd = TransformerConfig(num_heads=8, d_model=64, vocab_size=32001)
+    rules = dict(model_rules(odd, FakeMesh(2)))
+    assert rules[axes.VOCAB] is None and rules[axes.HEADS] == "tensor"
+    assert dict(model_rules(odd, FakeMesh(1)))[axes.VOCAB] == "tensor"
 
 
 def test_make_mesh_errors_name_sizes():

@@ -23,6 +23,7 @@ source directory has moved.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -463,16 +464,13 @@ def load_weights(
         out = {path: place(path, read()) for path, read in top.items()}
     except AttributeError as err:
         raise ValueError(f"{source.path}: a weight the model needs is missing ({err})") from None
-    if base.scan_layers:  # one (L, ...) array per parameter, filled layer by layer
-        stacked: dict[tuple[str, ...], np.ndarray] = {}
+    if base.scan_layers:  # one (L, ...) array per parameter, placed first, filled by layer
         for i, layer in enumerate(layers):
             for key, value in layer().items():
-                buffer = stacked.setdefault(
-                    key, np.empty((base.decoder_layers, *value.shape), dtype)
-                )
-                buffer[i] = value
-        for key in list(stacked):
-            out[("decoder", "layers", *key)] = place(("decoder", "layers", *key), stacked.pop(key))
+                path = ("decoder", "layers", *key)
+                if path not in out:
+                    out[path] = _zeros((base.decoder_layers, *value.shape), dtype, path, placement)
+                out[path] = _set_layer(out[path], np.int32(i), np.asarray(value).astype(dtype))
     else:
         for i, layer in enumerate(layers):
             for key, value in layer().items():
@@ -480,6 +478,18 @@ def load_weights(
                 out[path] = place(path, value)
     _check_tree(out, base, source)
     return traverse_util.unflatten_dict(out), reader.bytes_on_disk
+
+
+def _zeros(shape, dtype, path, placement) -> jax.Array:
+    """A zero array placed as the parameter at `path` is (default device without one)."""
+    sharding = placement[path].sharding if placement is not None and path in placement else None
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stack: jax.Array, index, value) -> jax.Array:
+    """`stack` with layer `index` replaced by `value`, in place (donated)."""
+    return jax.lax.dynamic_update_index_in_dim(stack, value, index, 0)
 
 
 def _load_run_weights(source: Source, model: TransformerConfig, placement) -> dict:

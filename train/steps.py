@@ -165,9 +165,10 @@ def create_train_state(
     return jax.jit(init, out_shardings=shardings, donate_argnums=0)(placed)
 
 
-def _token_metrics(logits, labels, loss, weights) -> dict[str, jax.Array]:
-    """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens'."""
-    nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0)
+def _token_metrics(logits, labels, loss, weights, pad_id: int) -> dict[str, jax.Array]:
+    """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens' (labels equal to
+    the tokenizer's `pad_id` are not counted)."""
+    nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=pad_id)
     correct = (jnp.argmax(logits, axis=-1) == labels) * weights
     return {
         "loss": loss.sum(),
@@ -236,7 +237,7 @@ def train_step(
     (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = _token_metrics(*aux)
+    metrics = _token_metrics(*aux, pad_id=model.config.pad_id)
     metrics["grad_norm"] = optax.tree.norm(grads)
     if learning_rate is not None:
         metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
@@ -268,7 +269,7 @@ def eval_step(
     if drop_pad_logit:
         logits = logits[..., : model.config.pad_id]
     nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
-    return _token_metrics(logits, labels, nll, weights)
+    return _token_metrics(logits, labels, nll, weights, pad_id=model.config.pad_id)
 
 
 def jit_steps(
