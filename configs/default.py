@@ -73,7 +73,15 @@ def get_config() -> ml_collections.ConfigDict:
     config.hf_fields = ""  # corpus='hf': dotted field paths, 'src,tgt' (translation) or 'text'
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
-    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split) or 'byte'
+    config.valid_path = ""  # your own validation file (TSV for translation; text, or with a
+    # store any corpus_path format, for the LM): replaces the hash split's validation part
+    config.test_path = ""  # your own test file, likewise (counted, never trained on)
+    config.collapse_whitespace = placeholder(bool)  # collapse each document's whitespace runs
+    # to one space; None: the task's default (translation collapses; 'lm' keeps text verbatim)
+    config.text_documents = "lines"  # a plain-text file's documents: 'lines' (each non-blank
+    # line), 'paragraphs' (blank-line separated) or 'file' (the whole file, line breaks kept)
+    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split; lossless,
+    # with byte fallback, where documents are verbatim) or 'byte'
     config.vocab_size = 4000  # SentencePiece pieces incl. 4 special ids (ignored for 'byte')
     config.max_len = 96  # longest example in tokens (longer ones dropped) = model max_len
     config.bucket_lengths = (24, 40, 64, 96)  # batch lengths (few: each one compiles); () =
