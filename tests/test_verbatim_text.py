@@ -5,6 +5,7 @@ replace the hash split's parts; whitespace normalisation is an option (translati
 """
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -344,3 +345,27 @@ def test_the_shipped_kjv_is_the_same_verbatim_and_collapsed():
     verbatim = corpora.load_kjv_lines(collapse=False)
     assert len(verbatim) == 31_102
     assert verbatim == collapsed  # so the lm_kjv run reads the same text as before
+
+
+def test_the_fingerprint_tells_apart_documents_that_differ_in_line_breaks():
+    task = input_pipeline.get_task("lm")
+
+    def digest(train):
+        return input_pipeline.data_fingerprint(task, train, ["v"])["sha256"]
+
+    assert digest(["a\nb", "c"]) != digest(["a", "b\nc"])
+    assert digest(["a\tb"]) != digest(["a b"])
+    # Documents without a tab or line break hash as they always did (resumed runs).
+    assert digest(["a b", "c"]) == hashlib.sha256(b"[train 2]\na b\nc\n[valid 1]\nv\n").hexdigest()
+
+
+def test_lossless_training_samples_long_documents_deterministically(tmp_path):
+    book = "\n".join(filler_lines(3000, seed=3))  # one document of many lines
+    models = [
+        SentencePieceTokenizer.train_or_load(
+            [book], tmp_path / f"{i}.model", 300, lossless=True, input_sentence_size=1000
+        )
+        for i in range(2)
+    ]
+    assert (tmp_path / "0.model").read_bytes() == (tmp_path / "1.model").read_bytes()
+    assert models[0].decode(models[0].encode(book)) == book

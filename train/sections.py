@@ -271,7 +271,7 @@ class DataConfig(_ReadByName):
             raise fail("text_field", self.text_field, "must name the JSON field of the text")
 
     def _check_documents(self) -> None:
-        if self.collapse_whitespace not in (None, True, False):
+        if not (self.collapse_whitespace is None or isinstance(self.collapse_whitespace, bool)):
             raise fail(
                 "collapse_whitespace",
                 self.collapse_whitespace,

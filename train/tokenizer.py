@@ -349,14 +349,14 @@ class SentencePieceTokenizer:
                 f"No non-empty text to train the SentencePiece model {model_path} on; pass "
                 "the training split's sentences as `texts`."
             )
-        if input_sentence_size and len(sentences) > input_sentence_size:
-            # SentencePiece would sample them with an unseeded generator, so two runs on one
-            # corpus would get two tokenizers: take those with the smallest hashes instead.
-            sentences = sorted(sentences, key=_sample_key)[:input_sentence_size]
         options = {"byte_fallback": byte_fallback}
         if lossless:
             options = LOSSLESS_TRAINER_OPTIONS
             sentences = list(_training_chunks(sentences))
+        if input_sentence_size and len(sentences) > input_sentence_size:
+            # SentencePiece would sample them with an unseeded generator, so two runs on one
+            # corpus would get two tokenizers: take those with the smallest hashes instead.
+            sentences = sorted(sentences, key=_sample_key)[:input_sentence_size]
         model = io.BytesIO()
         try:
             spm.SentencePieceTrainer.Train(
