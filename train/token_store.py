@@ -17,8 +17,9 @@ Ids are stored as little-endian uint16 when the vocabulary fits, else uint32. A 
 stream is its shards' streams end to end, in shard order; documents are never reordered
 (shuffling happens over windows, when reading).
 
-Opening a store (`TokenStore.open`) checks that its tokenizer, vocabulary and split fractions
-are the ones the config asks for, that every file has the size the manifest says (a truncated
+Opening a store (`TokenStore.open`) checks that its tokenizer, vocabulary, split fractions,
+own validation and test files, document mode and whitespace rule are the ones the config
+asks for (`store_settings`), that every file has the size the manifest says (a truncated
 shard) and its SHA-256 (a damaged one; about 0.25 s per 100M tokens, in threads), and maps the
 token files without reading them: memory does not grow with the corpus, except for the
 document offsets (8 bytes per document).
