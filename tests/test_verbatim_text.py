@@ -369,3 +369,13 @@ def test_lossless_training_samples_long_documents_deterministically(tmp_path):
     ]
     assert (tmp_path / "0.model").read_bytes() == (tmp_path / "1.model").read_bytes()
     assert models[0].decode(models[0].encode(book)) == book
+
+
+def test_a_config_json_from_before_these_fields_resumes():
+    saved = default.get_config().to_dict()
+    for key in ("collapse_whitespace", "text_documents", "valid_path", "test_path"):
+        del saved[key]
+    assert config_lib.changed_identity_fields(saved, default.get_config()) == []
+    current = default.get_config()
+    current.update(text_documents="file", valid_path="v.tsv")
+    assert config_lib.changed_identity_fields(saved, current) == ["text_documents", "valid_path"]
