@@ -285,13 +285,10 @@ class SentencePieceTokenizer:
                 f"SentencePiece model {self.model_path} has (pad, bos, eos, unk) ids {found}, "
                 f"expected {expected}; delete it to retrain it with train_or_load."
             )
-        self.lossless = self._sp.DecodeIds(self._sp.EncodeAsIds(_LOSSLESS_PROBE)) == _LOSSLESS_PROBE
-        # The byte pieces of a literal U+2581 (only a lossless model has byte pieces).
-        self._space_ids = (
-            [self._sp.PieceToId(f"<0x{b:02X}>") for b in SPM_SPACE.encode("utf-8")]
-            if self.lossless
-            else []
-        )
+        # The byte pieces of a literal U+2581 (a model without byte pieces gives <unk>).
+        self._space_ids = [self._sp.PieceToId(f"<0x{b:02X}>") for b in SPM_SPACE.encode()]
+        probe = self._sp.DecodeIds(self._sp.EncodeAsIds(_LOSSLESS_PROBE))
+        self.lossless = probe == _LOSSLESS_PROBE and UNK_ID not in self._space_ids
 
     @classmethod
     def train_or_load(
