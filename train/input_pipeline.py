@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Generic, TypeVar
@@ -33,6 +34,8 @@ from train.tokenizer import ByteTokenizer, SentencePieceTokenizer, SpecialIds, T
 MIN_TRAIN_EXAMPLES = 100
 
 T = TypeVar("T")
+# Marks an example hashed as JSON in `data_fingerprint` (no text field starts with it).
+_ESCAPED = "\x00json"
 
 
 @dataclasses.dataclass
@@ -107,25 +110,40 @@ class _Examples:
 
 
 def load_examples(data: DataConfig) -> list:
-    """The whole corpus the data section names: (source, target) pairs or text lines.
+    """The whole corpus the data section names: (source, target) pairs or text documents,
+    whitespace-normalised or verbatim as `data.collapses_whitespace` says (the shipped
+    parallel Bibles are always normalised: their markup removal leaves runs of spaces).
 
     Raises:
         CorpusNotFoundError: a corpus package is not installed.
         FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
     """
+    collapse = data.collapses_whitespace
     if data.corpus == "bible":
         return corpora.load_bible_parallel(data.direction)
     if data.corpus == "kjv":
-        return corpora.load_kjv_lines()
+        return corpora.load_kjv_lines(collapse)
     if data.corpus == "kjv-web":
         return corpora.load_kjv_web_pairs()
     if data.corpus == "tsv":
-        return corpora.read_parallel_tsv(data.corpus_path)
+        return corpora.read_parallel_tsv(data.corpus_path, collapse)
     if data.corpus == "hf":
         return corpora.load_hf_examples(
-            data.hf_dataset, data.hf_config, data.hf_split, data.hf_field_paths
+            data.hf_dataset, data.hf_config, data.hf_split, data.hf_field_paths, collapse
         )
-    return corpora.read_text_lines(data.corpus_path)
+    return corpora.read_text_documents(data.corpus_path, data.text_documents, collapse)
+
+
+def load_file_examples(data: DataConfig, path: str) -> list:
+    """The examples of the user's own validation or test file (`valid_path`, `test_path`),
+    read as the task's own kind of file (`Task.file_corpus`: TSV pairs, or text documents)
+    with the corpus's settings.
+
+    Raises:
+        FileNotFoundError, ValueError: the file is missing, unreadable or malformed.
+    """
+    corpus = get_task(data.task).file_corpus
+    return load_examples(dataclasses.replace(data, corpus=corpus, corpus_path=path))
 
 
 def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, int | str]:
@@ -146,8 +164,12 @@ def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, 
     for name, examples in (("train", train), ("valid", valid)):
         digest.update(f"[{name} {len(examples)}]\n".encode())
         for example in examples:
-            # Tab and newline cannot occur inside a field of a TSV line or a text line.
-            line = "\t".join(task.fields(example)) + "\n"
+            fields = task.fields(example)
+            line = "\t".join(fields) + "\n"
+            if any("\t" in f or "\n" in f for f in fields):
+                # A verbatim document may hold both: escaped, so no two data hash alike
+                # (whitespace-normalised fields never do, and hash as they always have).
+                line = _ESCAPED + json.dumps(fields) + "\n"
             digest.update(line.encode("utf-8", "surrogatepass"))
     return {"train": len(train), "valid": len(valid), "sha256": digest.hexdigest()}
 
@@ -157,6 +179,8 @@ def make_tokenizer(
     vocab_size: int,
     run: RunDir,
     train_texts: Sequence[str] | None = None,
+    *,
+    lossless: bool = False,
 ) -> Tokenizer:
     """The run's tokenizer; SentencePiece is trained on the train split on first use and
     cached in the run directory.
@@ -168,6 +192,8 @@ def make_tokenizer(
         run: the run directory, where the SentencePiece model is cached.
         train_texts: every sentence of the training split (`Task.sentences`), needed only
             when the model must be trained.
+        lossless: train a lossless SentencePiece model (the documents are verbatim); a
+            cached model is read as it is (`SentencePieceTokenizer.lossless` says which).
 
     Raises:
         FileNotFoundError: SentencePiece model missing and no training text given.
@@ -183,7 +209,18 @@ def make_tokenizer(
         return SentencePieceTokenizer(model_path)
     if not model_path.exists():
         logging.info("Training SentencePiece (vocab %d) on the train split...", vocab_size)
-    return SentencePieceTokenizer.train_or_load(list(train_texts), model_path, vocab_size)
+    tokenizer = SentencePieceTokenizer.train_or_load(
+        list(train_texts), model_path, vocab_size, lossless=lossless
+    )
+    if lossless and not tokenizer.lossless:
+        logging.warning(
+            "%s normalises text (trained before lossless tokenizers, or for collapsed "
+            "whitespace) while this run keeps documents verbatim: their line breaks and "
+            "runs of spaces are lost in tokens. Delete it (in a fresh --workdir) to train a "
+            "lossless one.",
+            model_path,
+        )
+    return tokenizer
 
 
 def copied_target_pairs(pairs: Sequence, share: float, seed: int) -> list:
@@ -229,7 +266,7 @@ def build_dataset(
         seed: the run's seed (which training targets are copied).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
-        make_tokenizer: (kind, vocab_size, run, train texts) -> tokenizer, as
+        make_tokenizer: (kind, vocab_size, run, train texts, lossless=) -> tokenizer, as
             `make_tokenizer`; e.g. one that lets one process train SentencePiece while the
             others wait for its file.
 
@@ -242,7 +279,13 @@ def build_dataset(
     task, packer = get_task(data.task), get_packer(data.packing)
     packer.check(data, num_devices, share)
     texts = _split(data, load_examples(data))
-    tokenizer = make_tokenizer(data.tokenizer, data.vocab_size, run, task.sentences(texts.train))
+    tokenizer = make_tokenizer(
+        data.tokenizer,
+        data.vocab_size,
+        run,
+        task.sentences(texts.train),
+        lossless=not data.collapses_whitespace,
+    )
     ids = _with_copies(data.copied_targets, seed, _tokenize(task, tokenizer, texts))
     if packer.whole_examples:
         ids = _filter(data.max_len, task, ids)
@@ -317,19 +360,23 @@ def build_store_dataset(
 
 
 def _split(data: DataConfig, examples: list) -> _Examples:
-    """The corpus's train, validation and test examples, as text.
+    """The corpus's train, validation and test examples, as text: held out by hash, or
+    read from the user's own files (`valid_path`, `test_path`).
 
     Raises:
         ValueError: the train or the validation split is empty.
     """
-    splits = corpora.split_examples(examples, data.valid_fraction, data.test_fraction)
-    if not splits.train or not splits.valid:
+    splits = corpora.split_examples(examples, *data.hash_fractions)
+    valid = load_file_examples(data, data.valid_path) if data.valid_path else splits.valid
+    num_test = len(load_file_examples(data, data.test_path)) if data.test_path else None
+    if not splits.train or not valid:
         raise ValueError(
-            f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
+            f"The corpus split into {len(splits.train)} train and {len(valid)} "
             f"validation examples; both must be non-empty: use a larger corpus or raise "
             f"--config.valid_fraction={data.valid_fraction}."
         )
-    return _Examples(splits.train, [], splits.valid, list(splits.valid), len(splits.test))
+    num_test = len(splits.test) if num_test is None else num_test
+    return _Examples(splits.train, [], valid, list(valid), num_test)
 
 
 def _tokenize(task: Task, tokenizer: Tokenizer, texts: _Examples) -> _Examples:

@@ -40,6 +40,11 @@ SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
+# A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
+# one piece per character kept (train.tokenizer.LOSSLESS_TRAINER_OPTIONS).
+LOSSLESS_SPM_MIN_VOCAB = 4 + 256
+# What a document of a plain-text file is (train.corpora.TEXT_DOCUMENTS).
+TEXT_DOCUMENTS = ("lines", "paragraphs", "file")
 
 
 def fail(field: str, value: Any, expected: str) -> ValueError:
@@ -132,6 +137,12 @@ class DataConfig(_ReadByName):
     bucket_lengths: tuple[int, ...]
     tokens_per_batch: int
     batch_size: int
+    # How documents are read (None: the task's default, see `collapses_whitespace`), and the
+    # user's own validation and test files ('' : held out from the corpus by hash).
+    collapse_whitespace: bool | None = None
+    text_documents: str = "lines"
+    valid_path: str = ""
+    test_path: str = ""
     # The token store (train.token_store); '' reads the corpus in memory at every start.
     store_dir: str = ""
     text_field: str = "text"
@@ -146,6 +157,10 @@ class DataConfig(_ReadByName):
     text_in_memory: bool = False
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
+    # The tasks whose documents are kept verbatim when collapse_whitespace is None: a
+    # language model learns the text as given; translation collapses whitespace, as its
+    # shipped corpora and scores were made (the default run's BLEU stays as it was).
+    VERBATIM_TASKS: ClassVar[tuple[str, ...]] = ("lm",)
     # Where the data is and how it is read: a resumed run may change them (the store's own
     # content fingerprint, not its path, tells whether the data is the same).
     STORE: ClassVar[tuple[str, ...]] = (
@@ -168,6 +183,23 @@ class DataConfig(_ReadByName):
         )
 
     @property
+    def collapses_whitespace(self) -> bool:
+        """Whether each document's whitespace runs are collapsed to one space:
+        `collapse_whitespace`, or where it is None the task's default (`VERBATIM_TASKS`)."""
+        if self.collapse_whitespace is None:
+            return self.task not in self.VERBATIM_TASKS
+        return self.collapse_whitespace
+
+    @property
+    def hash_fractions(self) -> tuple[float, float]:
+        """(validation, test) shares the hash split holds out of the corpus: 0 for a part
+        read from its own file (`valid_path`, `test_path`)."""
+        return (
+            0.0 if self.valid_path else self.valid_fraction,
+            0.0 if self.test_path else self.test_fraction,
+        )
+
+    @property
     def hf_field_paths(self) -> list[str]:
         """`hf_fields` split at its commas: one dotted path per example field."""
         return [f for f in self.hf_fields.split(",") if f]
@@ -187,8 +219,13 @@ class DataConfig(_ReadByName):
         self._check_batching()
         for name in ("valid_fraction", "test_fraction"):
             _check_fraction(self, name)
-        if self.valid_fraction <= 0:
-            raise fail("valid_fraction", self.valid_fraction, "must be > 0 (validation is needed)")
+        if self.valid_fraction <= 0 and not self.valid_path:
+            raise fail(
+                "valid_fraction",
+                self.valid_fraction,
+                "must be > 0 (validation is needed), or name a --config.valid_path",
+            )
+        self._check_documents()
         if not 0.0 <= self.copied_targets <= 1.0:
             raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
         if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
@@ -209,6 +246,20 @@ class DataConfig(_ReadByName):
             )
         if not isinstance(self.text_in_memory, bool):
             raise fail("text_in_memory", self.text_in_memory, "must be True or False")
+        if (
+            self.tokenizer == "sentencepiece"
+            and not self.collapses_whitespace
+            and self.vocab_size <= LOSSLESS_SPM_MIN_VOCAB
+        ):
+            raise fail(
+                "vocab_size",
+                self.vocab_size,
+                f"must exceed {LOSSLESS_SPM_MIN_VOCAB} for task={self.task!r}: its documents "
+                "are kept verbatim, so SentencePiece is lossless and holds 4 special ids and "
+                "256 byte pieces besides one piece per character; raise it, or set "
+                "--config.tokenizer=byte (or --config.collapse_whitespace=True for the old, "
+                "normalising tokenizer)",
+            )
         if self.store_dir:
             self._check_store()
 
@@ -247,6 +298,22 @@ class DataConfig(_ReadByName):
         _check_non_negative_ints(self, "prepare_workers")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise fail("text_field", self.text_field, "must name the JSON field of the text")
+
+    def _check_documents(self) -> None:
+        if not (self.collapse_whitespace is None or isinstance(self.collapse_whitespace, bool)):
+            raise fail(
+                "collapse_whitespace",
+                self.collapse_whitespace,
+                "must be True, False, or None (the task's default)",
+            )
+        _check_choice(self, "text_documents", TEXT_DOCUMENTS)
+        for name in ("valid_path", "test_path"):
+            if not isinstance(getattr(self, name), str):
+                raise fail(name, getattr(self, name), "must be a file path (or '' for none)")
+        if self.valid_path and self.valid_path == self.test_path:
+            raise fail(
+                "test_path", self.test_path, "is also --config.valid_path; name another file"
+            )
 
     def _check_corpus(self) -> None:
         if self.corpus in ("tsv", "text") and not self.corpus_path:

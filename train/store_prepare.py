@@ -4,16 +4,21 @@ resumable, deterministic.
     inputs -> plan (shards) -> tokenizer sample -> SentencePiece -> shards -> manifest
 
 - Inputs (`train.store_inputs`): `--config.corpus=text` with `--config.corpus_path` a file
-  or a glob (`**` allowed) of plain-text files (one document per non-blank line) or JSON
-  lines (`.jsonl`/`.json`: one document per record, its `--config.text_field`), each
-  possibly gzip (`.gz`) or zstd (`.zst`) compressed; or `--config.corpus=kjv`, the shipped
-  King James Bible.
+  or a glob (`**` allowed) of plain-text files (a document per non-blank line, blank-line
+  separated paragraph or file: `--config.text_documents`) or JSON lines (`.jsonl`/`.json`:
+  one document per record, its `--config.text_field`), each possibly gzip (`.gz`) or zstd
+  (`.zst`) compressed; or `--config.corpus=kjv`, the shipped King James Bible. Documents are
+  kept verbatim unless `--config.collapse_whitespace=True`.
 - Plan: a shard is an uncompressed file's byte range of about `store_shard_bytes` (a line
-  belongs to the range its first byte is in) or a whole compressed file. The plan is a
-  function of the files alone, so every process and every rerun agrees on it.
+  belongs to the range its first byte is in) or a whole file (compressed, or documents
+  that span lines). The plan is a function of the files alone, so every process and every
+  rerun agrees on it.
 - Split: each document goes to train, validation or test by a hash of its text, the rule of
-  `train.corpora.split_examples`; test documents are counted and not stored.
-- Tokenizer: SentencePiece is trained on the train documents with the smallest split hashes,
+  `train.corpora.split_examples`, or, from the user's own `--config.valid_path` /
+  `test_path` files, to that split (the hash then holds out no document for it); test
+  documents are counted and not stored.
+- Tokenizer: SentencePiece (lossless where the documents are verbatim: byte fallback,
+  whitespace kept) is trained on the train documents with the smallest split hashes,
   up to `store_sample_chars` characters: a sample of the corpus that is the same whatever the
   file order, the number of processes or the work directory, taken with bounded memory (each
   shard keeps its own smallest, then they are merged), and small enough that SentencePiece
@@ -73,10 +78,12 @@ class StoreWriteError(RunFailure):
 def _sample_shard(args) -> list[tuple[float, str]]:
     """The train documents of one shard with the smallest split hashes, up to `budget`
     characters: (hash, text), smallest first."""
-    source, text_field, valid, test, budget = args
+    source, text_field, valid, test, mode, collapse, budget = args
     heap: list[tuple[float, str]] = []  # max-heap by hash (negated)
     total = 0
-    for text in documents(source, text_field):
+    if source.role:  # the user's validation or test file
+        return []
+    for text in documents(source, text_field, mode, collapse):
         split, u = split_of(text, valid, test)
         if split != "train":
             continue
@@ -98,7 +105,9 @@ def tokenizer_sample(sources: Sequence[Source], data, workers: int) -> list[str]
     result does not depend on the order in which the shards finish.
     """
     budget = data.store_sample_chars
-    args = [(s, data.text_field, data.valid_fraction, data.test_fraction, budget) for s in sources]
+    valid, test = data.hash_fractions
+    reading = (data.text_documents, data.collapses_whitespace)
+    args = [(s, data.text_field, valid, test, *reading, budget) for s in sources]
     selected: list[tuple[float, str]] = []
     for part in _map(_sample_shard, args, workers):
         selected = _within(heapq.merge(selected, part), budget)
@@ -173,7 +182,7 @@ def _write_shard(args) -> dict:
     """Tokenizes one shard into `shards/<name>` (via a temporary directory): its shard.json."""
     index, source, store_dir, data_fields = args
     store_dir = pathlib.Path(store_dir)
-    kind, vocab, text_field, valid, test = data_fields
+    kind, vocab, text_field, valid, test, mode, collapse = data_fields
     tokenizer = _load_tokenizer(store_dir, kind)
     dtype = token_dtype(vocab)
     final = store_dir / SHARDS / shard_name(index)
@@ -193,8 +202,8 @@ def _write_shard(args) -> dict:
                 writers[split].add(_encode_all(tokenizer, texts, vocab), texts)
                 batch[split] = []
 
-        for text in documents(source, text_field):
-            split, _ = split_of(text, valid, test)
+        for text in documents(source, text_field, mode, collapse):
+            split, _ = split_of(text, valid, test, source.role)
             if split == "test":
                 skipped_test += 1
                 continue
@@ -344,8 +353,9 @@ def prepare_store(
         data.tokenizer,
         settings["vocab_size"],
         data.text_field,
-        data.valid_fraction,
-        data.test_fraction,
+        *data.hash_fractions,
+        data.text_documents,
+        data.collapses_whitespace,
     )
     logging.info(
         "Token store %s: %d shards (%d in this part, %d to do) with %d worker(s).",
@@ -391,6 +401,7 @@ def _ensure_tokenizer(store_dir: pathlib.Path, sources, data, workers: int) -> N
         model,
         data.vocab_size,
         input_sentence_size=0,  # 0: all of the sample
+        lossless=not data.collapses_whitespace,
     )
     logging.info("Tokenizer trained in %.1f s.", time.perf_counter() - started)
 

@@ -84,6 +84,8 @@ class Task:
         corpora: the `config.corpus` values whose examples this task reads.
         hf_fields: how many fields of a Hugging Face row make one example.
         own_fields: config fields that apply to this task only (0 / False for the others).
+        file_corpus: the `config.corpus` the user's own validation and test files
+            (`valid_path`, `test_path`) are read as.
         packings: the `config.packing` values this task batches with.
         sides: what each side of an example fills in a batch (`batching.Side`), in the
             order of `to_sides`.
@@ -101,6 +103,7 @@ class Task:
     corpora: tuple[str, ...]
     hf_fields: int
     own_fields: tuple[str, ...]
+    file_corpus: str
     packings: tuple[str, ...]
     sides: tuple[Side, ...]
     model_inputs: tuple[str, ...]
@@ -236,6 +239,7 @@ class TranslationTask(Task):
     corpora = ("bible", "kjv-web", "tsv", "hf")
     hf_fields = 2
     own_fields = ("copied_targets", "target_token_dropout")
+    file_corpus = "tsv"
     packings = ("none", "segments")
     sides = (
         Side("src", None, segment_key="src_segment_ids"),
@@ -391,6 +395,7 @@ class LanguageModelTask(Task):
     corpora = ("kjv", "text", "hf")
     hf_fields = 1
     own_fields = ()
+    file_corpus = "text"
     packings = ("none", "segments", "stream")
     sides = (Side("inputs", "targets", segment_key="segment_ids"),)
     model_inputs = ("inputs",)

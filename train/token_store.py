@@ -17,8 +17,9 @@ Ids are stored as little-endian uint16 when the vocabulary fits, else uint32. A 
 stream is its shards' streams end to end, in shard order; documents are never reordered
 (shuffling happens over windows, when reading).
 
-Opening a store (`TokenStore.open`) checks that its tokenizer, vocabulary and split fractions
-are the ones the config asks for, that every file has the size the manifest says (a truncated
+Opening a store (`TokenStore.open`) checks that its tokenizer, vocabulary, split fractions,
+own validation and test files, document mode and whitespace rule are the ones the config
+asks for (`store_settings`), that every file has the size the manifest says (a truncated
 shard) and its SHA-256 (a damaged one; about 0.25 s per 100M tokens, in threads), and maps the
 token files without reading them: memory does not grow with the corpus, except for the
 document offsets (8 bytes per document).
@@ -94,7 +95,20 @@ def store_settings(data) -> dict:
         "valid_fraction": data.valid_fraction,
         "test_fraction": data.test_fraction,
         "sample_chars": data.store_sample_chars if data.tokenizer == "sentencepiece" else 0,
+        "collapse_whitespace": data.collapses_whitespace,
+        "text_documents": data.text_documents,
+        "valid_path": data.valid_path,
+        "test_path": data.test_path,
     }
+
+
+# What a store prepared before a setting existed was prepared with (`check_settings`).
+_SETTINGS_BEFORE = {
+    "collapse_whitespace": True,
+    "text_documents": "lines",
+    "valid_path": "",
+    "test_path": "",
+}
 
 
 def read_json_file(path: pathlib.Path, fix: str) -> dict:
@@ -206,10 +220,11 @@ class TokenStore:
 def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
     """Raises StoreError naming the first setting a store was prepared with that differs."""
     for name, value in wanted.items():
-        if saved.get(name) != value:
+        was = saved.get(name, _SETTINGS_BEFORE.get(name))
+        if was != value:
             raise StoreError(
-                f"the token store {path} was prepared with {name}={saved.get(name)!r}, the config "
-                f"asks for {value!r} ; set --config.{name}={saved.get(name)!r}, or prepare a new "
+                f"the token store {path} was prepared with {name}={was!r}, the config "
+                f"asks for {value!r} ; set --config.{name}={was!r}, or prepare a new "
                 "store into another --config.store_dir."
             )
 

@@ -16,8 +16,9 @@ import hashlib
 import io
 import os
 import pathlib
+import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import sentencepiece as spm
@@ -43,6 +44,26 @@ DEFAULT_CHARACTER_COVERAGE = 0.9995
 DEFAULT_INPUT_SENTENCE_SIZE = 200_000
 DEFAULT_NUM_THREADS = 2
 SPM_MODEL_TYPE = "unigram"
+# Lossless SentencePiece (documents kept verbatim): no normalisation, whitespace kept as it
+# is (runs of spaces, tabs, newlines; no dummy prefix), and any character outside the pieces
+# spelled as its UTF-8 bytes (<0x00> ... <0xFF>, 256 pieces), so decode(encode(t)) == t.
+LOSSLESS_TRAINER_OPTIONS = {
+    "byte_fallback": True,
+    "normalization_rule_name": "identity",
+    "remove_extra_whitespaces": False,
+    "add_dummy_prefix": False,
+    "allow_whitespace_only_pieces": True,
+    "split_by_whitespace": True,
+}
+# SentencePiece writes a space as this meta symbol inside pieces and decodes it back to a
+# space, so a literal one in the text is encoded as its three byte pieces instead.
+SPM_SPACE = "\u2581"
+# SentencePiece's trainer skips sentences over 4192 bytes (its max_sentence_length): a long
+# document is learned from in chunks of at most this many characters (4 bytes each at most).
+_TRAIN_CHUNK_CHARS = 1000
+# A text that only a lossless model round-trips: runs of spaces, a leading space, tab,
+# newlines, a control character, a combining accent, CJK and an emoji (`lossless` probe).
+_LOSSLESS_PROBE = "  a\tb\n\n c\r\n\x00e\u0301 \u4e16\U0001f600  "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +145,12 @@ class ByteTokenizer:
 
         Returns:
             One id per UTF-8 byte, each in [4, 260).
+
+        Raises:
+            ValueError: the text holds a lone surrogate (not a character; see
+                `check_encodable`).
         """
-        return [b + BYTE_OFFSET for b in text.encode("utf-8")]
+        return [b + BYTE_OFFSET for b in check_encodable(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decodes ids to text, skipping special ids.
@@ -155,6 +180,25 @@ class ByteTokenizer:
         return chr(byte) if PRINTABLE_ASCII[0] <= byte <= PRINTABLE_ASCII[1] else f"<0x{byte:02X}>"
 
 
+def check_encodable(text: str) -> bytes:
+    """The UTF-8 bytes of `text`, or ValueError where it holds a lone surrogate (U+D800 to
+    U+DFFF alone: half of a pair, not a character, e.g. from a JSON `\\ud83d` escape without
+    its partner), which no tokenizer can write and decode back.
+
+    Args:
+        text: any string.
+    """
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"The text holds a lone surrogate U+{ord(text[err.start]):04X} at character "
+            f"{err.start} (near {text[max(err.start - 20, 0) : err.start]!r}): half of a "
+            "UTF-16 pair, not a Unicode character, so it cannot be tokenized; remove or "
+            "replace it in the corpus (a JSON escape like \\ud83d needs its pair)."
+        ) from None
+
+
 def model_vocab_size(kind: str, vocab_size: int) -> int:
     """The vocabulary a model is built for: the byte tokenizer's, or `vocab_size`.
 
@@ -170,15 +214,36 @@ def _sample_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+# SentencePiece's complaint about a vocabulary below the pieces it must hold.
+_REQUIRED_PIECES = re.compile(r"smaller than required_chars\. \d+ vs (\d+)")
+
+
+def _training_chunks(texts: Iterable[str]) -> Iterator[str]:
+    """The texts in pieces SentencePiece's trainer keeps: each line (with its line break,
+    so that newlines are learned too), cut into `_TRAIN_CHUNK_CHARS` characters at most."""
+    for text in texts:
+        for line in text.splitlines(keepends=True):
+            for start in range(0, len(line), _TRAIN_CHUNK_CHARS):
+                yield line[start : start + _TRAIN_CHUNK_CHARS]
+
+
 class SentencePieceTokenizer:
     """A SentencePiece model (unigram) with the shared special ids.
 
     Build one with `SentencePieceTokenizer.train_or_load(...)` (trains once, then reuses the
     cached model file) or `SentencePieceTokenizer(model_path)` for an existing file.
 
+    A model trained with `lossless=True` (`LOSSLESS_TRAINER_OPTIONS`) decodes every text back
+    exactly; one trained without (the translation default) normalises text (NFKC, whitespace
+    runs to one space) as models trained before lossless ones existed did. Which one a file
+    holds is found by a probe round trip when it is loaded (`lossless`), so old files keep
+    working as they did.
+
     Attributes:
         model_path: the model file.
         was_trained: True if this instance trained the model, False if it loaded a file.
+        lossless: whether `decode(encode(text)) == text` for every text (byte fallback and
+            whitespace kept; a literal U+2581 is written as its byte pieces).
     """
 
     pad_id = PAD_ID
@@ -220,6 +285,10 @@ class SentencePieceTokenizer:
                 f"SentencePiece model {self.model_path} has (pad, bos, eos, unk) ids {found}, "
                 f"expected {expected}; delete it to retrain it with train_or_load."
             )
+        # The byte pieces of a literal U+2581 (a model without byte pieces gives <unk>).
+        self._space_ids = [self._sp.PieceToId(f"<0x{b:02X}>") for b in SPM_SPACE.encode()]
+        probe = self._sp.DecodeIds(self._sp.EncodeAsIds(_LOSSLESS_PROBE))
+        self.lossless = probe == _LOSSLESS_PROBE and UNK_ID not in self._space_ids
 
     @classmethod
     def train_or_load(
@@ -232,6 +301,7 @@ class SentencePieceTokenizer:
         input_sentence_size: int = DEFAULT_INPUT_SENTENCE_SIZE,
         num_threads: int = DEFAULT_NUM_THREADS,
         byte_fallback: bool = False,
+        lossless: bool = False,
     ) -> SentencePieceTokenizer:
         """Loads the model file at `model_path`, training it first if it is missing.
 
@@ -251,6 +321,10 @@ class SentencePieceTokenizer:
             num_threads: SentencePiece trainer threads.
             byte_fallback: spell uncovered characters as bytes instead of <unk> (needs
                 vocab_size above 256 + the number of distinct characters kept).
+            lossless: train a model that decodes every text back exactly
+                (`LOSSLESS_TRAINER_OPTIONS`: byte fallback, no normalisation, whitespace
+                kept); needs vocab_size of at least 4 + 256 + the characters kept. An
+                existing file is loaded as it is, lossless or not (see `lossless`).
 
         Returns:
             The tokenizer; `was_trained` says whether it was trained by this call.
@@ -272,6 +346,10 @@ class SentencePieceTokenizer:
                 f"No non-empty text to train the SentencePiece model {model_path} on; pass "
                 "the training split's sentences as `texts`."
             )
+        options = {"byte_fallback": byte_fallback}
+        if lossless:
+            options = LOSSLESS_TRAINER_OPTIONS
+            sentences = list(_training_chunks(sentences))
         if input_sentence_size and len(sentences) > input_sentence_size:
             # SentencePiece would sample them with an unseeded generator, so two runs on one
             # corpus would get two tokenizers: take those with the smallest hashes instead.
@@ -287,14 +365,23 @@ class SentencePieceTokenizer:
                 input_sentence_size=input_sentence_size,
                 shuffle_input_sentence=True,
                 num_threads=num_threads,
-                byte_fallback=byte_fallback,
                 pad_id=PAD_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
                 unk_id=UNK_ID,
                 minloglevel=2,  # warnings and errors only: training logs are long
+                **options,
             )
         except RuntimeError as err:
+            too_small = _REQUIRED_PIECES.search(str(err))
+            if too_small and lossless:
+                raise ValueError(
+                    f"vocab_size={vocab_size} is too small for a lossless SentencePiece model "
+                    f"of this corpus: it needs at least {too_small.group(1)} pieces "
+                    f"({NUM_SPECIAL_IDS} special ids, 256 byte pieces and one per character "
+                    f"kept); set --config.vocab_size={too_small.group(1)} or more (or "
+                    "--config.tokenizer=byte)."
+                ) from err
             raise ValueError(
                 f"SentencePiece training of {model_path} with vocab_size={vocab_size} on "
                 f"{len(sentences)} sentences failed ({err}); choose a vocab_size in the range "
@@ -318,12 +405,17 @@ class SentencePieceTokenizer:
         """Encodes text to piece ids (no BOS/EOS).
 
         Args:
-            text: any string; SentencePiece normalises it (NFKC, whitespace) first.
+            text: any string; a model that is not `lossless` normalises it (NFKC,
+                whitespace) first.
 
         Returns:
-            Piece ids in [4, vocab_size) (3 for characters outside the vocabulary).
+            Piece ids in [4, vocab_size) (3 for characters outside the vocabulary of a model
+            without byte fallback).
+
+        Raises:
+            ValueError: the text holds a lone surrogate (`check_encodable`).
         """
-        return self._sp.EncodeAsIds(text)
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text, in one call (SentencePiece's own loop: faster for many).
@@ -333,8 +425,33 @@ class SentencePieceTokenizer:
 
         Returns:
             One list of piece ids per text.
+
+        Raises:
+            ValueError: a text holds a lone surrogate (`check_encodable`).
         """
-        return self._sp.Encode(list(texts), out_type=int)
+        texts = list(texts)
+        try:
+            docs = self._sp.Encode(texts, out_type=int)
+        except (RuntimeError, TypeError):  # what SentencePiece says of a string not UTF-8
+            for text in texts:
+                check_encodable(text)
+            raise
+        if self.lossless:
+            for i, text in enumerate(texts):
+                if SPM_SPACE in text:
+                    docs[i] = self._encode_with_space(text)
+        return docs
+
+    def _encode_with_space(self, text: str) -> list[int]:
+        """A lossless model's ids of a text holding the literal U+2581, which SentencePiece
+        would decode as a space: the parts between encoded, the byte pieces of U+2581
+        between them."""
+        parts = self._sp.Encode(text.split(SPM_SPACE), out_type=int)
+        ids = list(parts[0])
+        for part in parts[1:]:
+            ids += self._space_ids
+            ids += part
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decodes piece ids to text; pad, bos and eos are skipped.

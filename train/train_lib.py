@@ -70,12 +70,12 @@ def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: b
         atomic_write_text(path, config.to_json(indent=2) + "\n")
 
 
-def _shared_tokenizer(kind, vocab_size, run, train_texts):
-    """The run's tokenizer (`input_pipeline.make_tokenizer`), trained (SentencePiece) by
-    process 0 only: the others wait for its file in the (shared) work directory and read it,
-    so all use the same one."""
+def _shared_tokenizer(kind, vocab_size, run, train_texts, **options):
+    """The run's tokenizer (`input_pipeline.make_tokenizer`, its `options`), trained
+    (SentencePiece) by process 0 only: the others wait for its file in the (shared) work
+    directory and read it, so all use the same one."""
     if distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run, train_texts)
+        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run, train_texts, **options)
     distributed.barrier("tokenizer")
     if not distributed.is_primary():
         tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run)
