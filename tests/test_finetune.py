@@ -310,7 +310,9 @@ def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_pa
     from flax_transformer import lora_param_count
 
     overrides = {"model.lora_rank": 4, "model.lora_targets": LORA_TARGETS}
-    config = _config(model_dirs["gpt2"], corpus, learning_rate=1e-2, **overrides)
+    config = _config(
+        model_dirs["gpt2"], corpus, learning_rate=1e-2, num_train_steps=5, **overrides
+    )
     experiment, start = _start(config, tmp_path / "probe")
     before = jax.tree.map(np.asarray, start.state.params)
     state = start.state
@@ -413,3 +415,16 @@ def test_weights_load_onto_an_fsdp_and_tensor_mesh(model_dirs, corpus, lr0_runs,
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["loss"] == pytest.approx(lr0_runs["llama"][1]["valid"]["loss"], rel=1e-5)
     assert np.prod(report["shard"]) < np.prod(report["shape"])  # split, not replicated
+
+
+def test_a_store_of_another_models_tokenizer_is_refused_before_any_step(
+    model_dirs, corpus, tmp_path
+):
+    store = tmp_path / "store"
+    config = _config(model_dirs["gpt2"], corpus, store_dir=str(store), num_train_steps=1)
+    train_lib.train_and_evaluate(config, str(tmp_path / "gpt2"))
+    assert (store / "pretrained" / "tokenizer.json").is_file()
+    other = _config(model_dirs["llama"], corpus, store_dir=str(store), num_train_steps=1)
+    with pytest.raises(ValueError, match="holds the ids of another tokenizer"):
+        train_lib.train_and_evaluate(other, str(tmp_path / "llama"))
+    assert not any((tmp_path / "llama" / "checkpoints").glob("*"))  # no step was saved

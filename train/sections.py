@@ -265,13 +265,6 @@ class DataConfig(_ReadByName):
 
     def _check_store(self) -> None:
         """A token store holds one-sided documents read as max_len windows."""
-        if self.tokenizer == "pretrained":
-            raise fail(
-                "store_dir",
-                self.store_dir,
-                "a token store of a pretrained model's tokenizer is not supported yet; set "
-                "--config.store_dir='' to read the corpus in memory",
-            )
         if self.task != "lm":
             raise fail(
                 "store_dir",

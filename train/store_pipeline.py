@@ -227,11 +227,14 @@ def open_store_data(
         StoreError: a split too short for one window.
     """
     segments = data.packing == "segments"
-    tokenizer = (
-        ByteTokenizer()
-        if data.tokenizer == "byte"
-        else SentencePieceTokenizer(store.path / TOKENIZER_FILE)
-    )
+    if data.tokenizer == "byte":
+        tokenizer = ByteTokenizer()
+    elif data.tokenizer == "pretrained":
+        from train import store_prepare
+
+        tokenizer = store_prepare._load_tokenizer(store.path, "pretrained")
+    else:
+        tokenizer = SentencePieceTokenizer(store.path / TOKENIZER_FILE)
     pad_id = tokenizer.pad_id
     train = WindowSource(store, "train", data.max_len, segments=segments, pad_id=pad_id)
     valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id, tail=True)

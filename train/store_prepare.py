@@ -137,6 +137,11 @@ def _map(fn, args: list, workers: int):
 
 
 def _load_tokenizer(store_dir: pathlib.Path, kind: str):
+    if kind == "pretrained":  # the store's copy of the model's tokenizer
+        from train import pretrained
+
+        copy = store_dir / pretrained.SNAPSHOT_DIR
+        return pretrained.read_source(copy, need_weights=False).tokenizer()
     if kind == "byte":
         return ByteTokenizer()
     return SentencePieceTokenizer(store_dir / TOKENIZER_FILE)
@@ -380,6 +385,14 @@ def prepare_store(
 
 
 def _ensure_tokenizer(store_dir: pathlib.Path, sources, data, workers: int) -> None:
+    if data.tokenizer == "pretrained":  # a copy of the model's tokenizer, for the workers
+        from train import pretrained
+
+        copy = store_dir / pretrained.SNAPSHOT_DIR
+        if not (copy / pretrained.CONFIG_FILE).is_file():
+            source = pretrained.read_source(data.init_from, need_weights=False)
+            pretrained.snapshot(source, copy)
+        return
     model = store_dir / TOKENIZER_FILE
     if data.tokenizer != "sentencepiece" or model.is_file():
         return

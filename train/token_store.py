@@ -91,7 +91,7 @@ def store_settings(data) -> dict:
         "corpus_path": data.corpus_path if data.corpus != "kjv" else "",
         "text_field": data.text_field,
         "tokenizer": data.tokenizer,
-        "vocab_size": model_vocab_size(data.tokenizer, data.vocab_size),
+        "vocab_size": _vocab_size(data),
         "valid_fraction": data.valid_fraction,
         "test_fraction": data.test_fraction,
         "sample_chars": data.store_sample_chars if data.tokenizer == "sentencepiece" else 0,
@@ -99,7 +99,32 @@ def store_settings(data) -> dict:
         "text_documents": data.text_documents,
         "valid_path": data.valid_path,
         "test_path": data.test_path,
+        "pretrained_tokenizer": _pretrained_tokenizer_sha(data),
     }
+
+
+def _vocab_size(data) -> int:
+    """The model vocabulary the store's ids are for (a pretrained model's own, pad added)."""
+    if data.tokenizer == "pretrained":
+        from train import pretrained
+
+        return pretrained.read_source(data.init_from, need_weights=False).model.vocab_size
+    return model_vocab_size(data.tokenizer, data.vocab_size)
+
+
+def _pretrained_tokenizer_sha(data) -> str:
+    """sha256 of a pretrained model's tokenizer file (its ids' meaning), or ''."""
+    if data.tokenizer != "pretrained":
+        return ""
+    from train import pretrained
+
+    source = pretrained.read_source(data.init_from, need_weights=False)
+    name = "tokenizer.json" if source.family != pretrained.RUN else CONFIG_OF_RUN
+    return hashlib.sha256((source.path / name).read_bytes()).hexdigest()
+
+
+# A run used as a pretrained source: its config.json names its tokenizer.
+CONFIG_OF_RUN = "config.json"
 
 
 # What a store prepared before a setting existed was prepared with (`check_settings`).
@@ -108,6 +133,7 @@ _SETTINGS_BEFORE = {
     "text_documents": "lines",
     "valid_path": "",
     "test_path": "",
+    "pretrained_tokenizer": "",
 }
 
 
@@ -221,6 +247,16 @@ def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
     """Raises StoreError naming the first setting a store was prepared with that differs."""
     for name, value in wanted.items():
         was = saved.get(name, _SETTINGS_BEFORE.get(name))
+        if (
+            was != value
+            and name in ("vocab_size", "pretrained_tokenizer")
+            and (wanted.get("tokenizer") == "pretrained")
+        ):
+            raise StoreError(
+                f"the token store {path} holds the ids of another tokenizer ({name} "
+                f"{was!r}, --config.init_from's model has {value!r}) ; prepare a new store "
+                "into another --config.store_dir for this model."
+            )
         if was != value:
             raise StoreError(
                 f"the token store {path} was prepared with {name}={was!r}, the config "

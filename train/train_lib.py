@@ -339,13 +339,7 @@ def _data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
     data_fingerprint.json holds example counts, not a store's token counts): such a run goes
     on with the batches it began with.
     """
-    if (
-        data.store_dir
-        or data.task != "lm"
-        or data.corpus != "text"
-        or data.text_in_memory
-        or data.tokenizer == "pretrained"  # (a store of a pretrained tokenizer: not yet)
-    ):
+    if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
         return data
     if resuming and run.data_fingerprint.exists():
         recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
