@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmark scripts: the three model sizes, timing, machine facts."""
+"""Shared pieces of the benchmark scripts: the model sizes (training and decoding), timing,
+machine facts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from flax_transformer import TransformerConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +45,21 @@ SIZES = {
     # GPT-2 small, for accelerators (benchmarks/gpu.sh).
     "gpt2_small": Size("gpt2_small", "deconly", 50257, 768, 12, 3072, 12, 16, 0, 1024),
 }
+
+
+# The decoding benchmarks' model and lengths (benchmarks.generation measures tokens per
+# second with them, benchmarks.memory_bandwidth the bytes each decoded token reads).
+DECODE_PROMPT_LEN = 16
+DECODE_NEW_TOKENS = 128
+DECODE_SIZE = dict(vocab=8000, d_model=256, heads=4, d_ff=1024, layers=4, max_len=256)
+DECODE_CONFIG = TransformerConfig(
+    vocab_size=DECODE_SIZE["vocab"],
+    d_model=DECODE_SIZE["d_model"],
+    num_heads=DECODE_SIZE["heads"],
+    d_ff=DECODE_SIZE["d_ff"],
+    num_layers=DECODE_SIZE["layers"],
+    max_len=DECODE_SIZE["max_len"],
+)
 
 
 def model_flops_per_step(size: Size) -> float:

@@ -41,22 +41,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import common
 from benchmarks.common import machine_line, median
 from benchmarks.lm1b_reference import EXAMPLES_ENV, find_examples, load_lm1b
-from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
+from flax_transformer import DecoderOnlyTransformer, generate_text
 
-PROMPT_LEN = 16
-NEW_TOKENS = 128
+# The decoding model and lengths, shared with benchmarks.memory_bandwidth (in common).
+PROMPT_LEN, NEW_TOKENS = common.DECODE_PROMPT_LEN, common.DECODE_NEW_TOKENS
+SIZE, CONFIG = common.DECODE_SIZE, common.DECODE_CONFIG
 BATCHES = (1, 8)
-SIZE = dict(vocab=8000, d_model=256, heads=4, d_ff=1024, layers=4, max_len=256)
-CONFIG = TransformerConfig(
-    vocab_size=SIZE["vocab"],
-    d_model=SIZE["d_model"],
-    num_heads=SIZE["heads"],
-    d_ff=SIZE["d_ff"],
-    num_layers=SIZE["layers"],
-    max_len=SIZE["max_len"],
-)
 IMPLS = ("ours", "ours_bf16", "lm1b", "ours_nocache")
 DEFAULT_IMPLS = "ours,ours_bf16,lm1b"
 

@@ -110,14 +110,18 @@ def report(
 
 
 def main(argv=None) -> None:
-    from benchmarks.common import machine_line
-    from benchmarks.generation import CONFIG, NEW_TOKENS, PROMPT_LEN
+    from benchmarks.common import (
+        DECODE_CONFIG,
+        DECODE_NEW_TOKENS,
+        DECODE_PROMPT_LEN,
+        machine_line,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens-per-s", type=float, default=None, help="batch-1 decoding speed")
     args = parser.parse_args(argv)
     print(f"# machine: {machine_line()}")
-    print(report(CONFIG, PROMPT_LEN, NEW_TOKENS, args.tokens_per_s))
+    print(report(DECODE_CONFIG, DECODE_PROMPT_LEN, DECODE_NEW_TOKENS, args.tokens_per_s))
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ Layers of the package (imports point down only: a module imports only from those
               Greedy, Sample, Beam
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
-  inputs      token checks (check_tokens) and the attention masks the models build
   functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
+  checks      every input check, one home (arguments, traced and `checked`, tokens,
+              generation); its `arguments` and `traced` import jax only, under functional
 Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes, the
 rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
-them), checked (checkify around jit; imports jax and functional's checks only) and lora
+them) and lora
 (merge_lora, lora_mask, lora_param_count over a parameter tree; imports config and
 functional; the adapters themselves are `layers.lora`).
 
@@ -24,7 +25,7 @@ Dimension key used in names (`x_BTD`) and einsum strings:
 """
 
 from flax_transformer.blocks import Decoder, DecoderLayer, Encoder, EncoderLayer
-from flax_transformer.checked import checked
+from flax_transformer.checks.traced import checked
 from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.decoding import Beam, Greedy, Sample, generate_text, generate_translation
 from flax_transformer.functional import (

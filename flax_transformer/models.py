@@ -29,16 +29,12 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
+from flax_transformer.checks.arguments import as_array, is_concrete
+from flax_transformer.checks.tokens import check_packing, check_segment_ids, check_tokens
+from flax_transformer.checks.traced import runtime_check
 from flax_transformer.config import TransformerConfig
 from flax_transformer.decoding.cache import cache_length, check_cache_kind, check_cache_room
-from flax_transformer.functional.checks import as_array, is_concrete, runtime_check
-from flax_transformer.inputs import (
-    check_packing,
-    check_segment_ids,
-    check_tokens,
-    cross_attention_mask,
-    self_attention_mask,
-)
+from flax_transformer.functional.masks import cross_attention_mask, self_attention_mask
 from flax_transformer.layers import Embed
 
 

@@ -174,6 +174,49 @@ def test_unknown_topology_is_one_line_with_examples(topology):
 
 
 @pytest.mark.parametrize(
+    ("flags", "topology", "fix"),
+    [
+        # llama_1b.py's splash attention, a TPU kernel, on GPUs (once blamed on the mesh).
+        (["--config=configs/llama_1b.py"], "h100:1x8", "cudnn (cuDNN flash attention) or xla"),
+        (
+            ["--config=configs/lm_kjv_llama.py", "--config.model.attention_impl=cudnn"],
+            "v5e:2x2",
+            "splash (Pallas flash attention) or xla",
+        ),
+    ],
+)
+def test_an_attention_kernel_the_chips_cannot_run_is_refused_up_front(flags, topology, fix):
+    """Before libtpu or the CUDA plugin loads (so this runs without either): one line naming
+    the field and the fix."""
+    result = _compile(*flags, f"--topology={topology}")
+    assert result.returncode == 2
+    line = _error_line(result)
+    assert line.startswith("error: --config.model.attention_impl=")
+    assert topology in line and line.endswith(f"; set --config.model.attention_impl={fix}")
+
+
+def test_a_step_that_cannot_be_traced_names_the_field_behind_it():
+    from train.compile_lib import _trace_error
+
+    placement = (
+        "Sharding spec ('fsdp',) implies that array axis 0 is partitioned 4 times, but does "
+        "not evenly divide the dimension size 6. Got shape: (6,)"
+    )
+    assert _trace_error(placement).startswith(
+        "--config.mesh_shape: the step cannot be placed on this mesh (Sharding spec"
+    )
+    kernel = (
+        "MultiHeadAttention: attention_impl='splash' needs query and key lengths that are "
+        "multiples of 128 (its TPU tiles), got T=64, S=64; pad the sequences"
+    )
+    assert _trace_error(kernel) == f"--config.model.attention_impl: {kernel}"
+    # Anything else is passed on as it is, blaming no field it cannot know.
+    assert _trace_error("MultiHeadAttention: x_q has 3 axes\njax's detail") == (
+        "MultiHeadAttention: x_q has 3 axes"
+    )
+
+
+@pytest.mark.parametrize(
     ("package", "topology", "says", "requirements"),
     [
         ("libtpu", "v5e:2x2", "needs libtpu", "requirements-tpu.txt"),

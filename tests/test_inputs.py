@@ -1,4 +1,4 @@
-"""The one token-id range check (`flax_transformer.inputs.check_token_range`), shared by the
+"""The one token-id range check (`flax_transformer.checks.tokens.check_token_range`), shared by the
 models, generation and the training program's data."""
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
-from flax_transformer.inputs import check_token_range
+from flax_transformer.checks.tokens import check_token_range
 
 
 def test_accepts_valid_and_empty_ids():

@@ -10,7 +10,7 @@ import pytest
 
 from configs import default
 from flax_transformer import TransformerConfig, sharding
-from train import config_lib, steps, tasks, train_lib
+from train import cli, config_lib, steps, tasks, train_lib
 from train.sections import (
     DataConfig,
     DecodeOptions,
@@ -104,8 +104,18 @@ def test_a_bad_override_is_named_as_on_the_command_line():
         config_lib.validate_config(config)
     config = default.get_config()
     config.model.num_heads = 3
-    with pytest.raises(ValueError, match=r"num_heads=3 does not divide.*--config\.model"):
+    with pytest.raises(ValueError, match=r"^--config\.model\.num_heads=3 does not divide"):
         config_lib.validate_config(config)
+
+
+def test_a_model_refusal_names_the_flag_that_sets_the_field():
+    refusal = ValueError("TransformerConfig.max_len=0 must be a positive integer.")
+    data_fields = ("vocab_size", "max_len")  # filled from the data section's flags
+    message = "--config.max_len=0 must be a positive integer."
+    assert str(cli.model_field_error(refusal, data_fields)) == message
+    assert str(cli.model_field_error(refusal)).startswith("--config.model.max_len=0 must")
+    unnamed = cli.model_field_error(ValueError("a message naming no field"))
+    assert str(unnamed) == "a message naming no field (set it with --config.model.<field>=...)"
 
 
 def test_resume_identity_is_the_data_and_model_sections():

@@ -76,7 +76,7 @@ def test_each_strategy_refuses_its_bad_fields(make, message):
     ],
 )
 def test_a_count_of_another_type_is_a_type_error(make, message):
-    # As every int check of the library (`functional.checks.check_int`): TypeError for the
+    # As every int check of the library (`checks.arguments.check_int`): TypeError for the
     # type, ValueError for the range.
     with pytest.raises(TypeError, match=message):
         make()

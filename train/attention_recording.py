@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.decoding.validation import unbox_params
+from flax_transformer.checks.generation import unbox_params
 from train.tasks import task_of
 
 # (queries side, keys side, label) of each attention kind `attention_record` returns.

@@ -126,6 +126,23 @@ def native_stderr_captured():
             os.close(saved)
 
 
+# How TransformerConfig names the field it refuses: "TransformerConfig.num_heads=5 ...".
+_MODEL_FIELD = re.compile(r"^TransformerConfig\.(\w+)")
+
+
+def model_field_error(err: Exception, data_fields: tuple[str, ...] = ()) -> ValueError:
+    """A `TransformerConfig` refusal as the flag that sets the field: `--config.model.<field>`,
+    or `--config.<field>` for the `data_fields` the program fills from the data section
+    (vocab_size, max_len). A message that names no field gets the general hint."""
+    message = str(err)
+    found = _MODEL_FIELD.match(message)
+    if not found:
+        return ValueError(f"{message} (set it with --config.model.<field>=...)")
+    field = found.group(1)
+    flag = f"--config.{field}" if field in data_fields else f"--config.model.{field}"
+    return ValueError(flag + message[found.end() :])
+
+
 def die(message: str, status: int = USAGE_ERROR) -> None:
     """Prints `error: message` to stderr and exits with `status`; under `--verbosity=1`
     the traceback of the exception being handled comes first."""

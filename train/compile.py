@@ -46,7 +46,14 @@ from train.cli import (
     parse_config_flags,
     quiet_library_logs,
 )
-from train.compile_costs import CHIPS, COLLECTIVES, GPUS, TOPOLOGY_EXAMPLES, chip_of
+from train.compile_costs import (
+    CHIPS,
+    COLLECTIVES,
+    GPUS,
+    TOPOLOGY_EXAMPLES,
+    check_attention_impl,
+    chip_of,
+)
 
 if TYPE_CHECKING:
     from train.compile_lib import TopologyReport
@@ -213,6 +220,11 @@ def main(argv: list[str]) -> None:
         chip = chip_of(FLAGS.topology)
     except ValueError as err:
         die(str(err), USAGE_ERROR)
+    config = loaded_config(FLAGS.config)
+    try:  # a kernel the chips cannot run is the config's mistake, whatever is installed
+        check_attention_impl(FLAGS.topology, chip, config.model.get("attention_impl"))
+    except ValueError as err:
+        die(str(err), USAGE_ERROR)
     if chip.is_gpu:
         if os.environ.get("JAX_PLATFORMS") != "cpu":
             die(
@@ -233,7 +245,6 @@ def main(argv: list[str]) -> None:
             "pip install -r requirements-tpu.txt",
             USAGE_ERROR,
         )
-    config = loaded_config(FLAGS.config)
     quiet_library_logs()
     with native_stderr_captured():  # jax starts (for a valid command only), and its plugins
         import jax

@@ -132,6 +132,43 @@ def chip_of(topology: str) -> Chip:
     )
 
 
+# The attention kernels that run on one kind of chip only (`--config.model.attention_impl`):
+# what each is, and what to use on the other kind instead.
+_KERNEL_OF_ONE_KIND = {
+    # impl: (runs on GPUs, what it is, the fix elsewhere)
+    "splash": (
+        False,
+        "Pallas splash attention, a TPU kernel",
+        "cudnn (cuDNN flash attention) or xla",
+    ),
+    "cudnn": (
+        True,
+        "cuDNN flash attention, an NVIDIA GPU kernel",
+        "splash (Pallas flash attention) or xla",
+    ),
+}
+
+
+def check_attention_impl(topology: str, chip: Chip, attention_impl: str) -> None:
+    """Refuses an attention kernel the topology's chips cannot run, before anything compiles
+    (the kernel's own lowering would fail deep in the step, with jax's words).
+
+    Raises:
+        ValueError: `attention_impl` is 'splash' on GPUs or 'cudnn' on TPUs, naming
+            `--config.model.attention_impl` and the fix.
+    """
+    if attention_impl not in _KERNEL_OF_ONE_KIND:
+        return
+    on_gpus, kernel, fix = _KERNEL_OF_ONE_KIND[attention_impl]
+    if chip.is_gpu == on_gpus:
+        return
+    chips = "NVIDIA GPUs" if chip.is_gpu else "a TPU slice"
+    raise ValueError(
+        f"--config.model.attention_impl={attention_impl}: {kernel}, cannot run on {topology} "
+        f"({chips}) ; set --config.model.attention_impl={fix}"
+    )
+
+
 def gpu_topology(topology: str) -> str:
     """The CUDA plugin's name of a GPU topology: 'h100:2x8' (2 hosts of 8 GPUs) is '1x2x8'
     (slices x hosts x GPUs per host, as `jax.experimental.topologies` reads it).

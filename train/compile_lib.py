@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pathlib
+import re
 import sys
 import threading
 import time
@@ -185,6 +186,26 @@ class OutOfMemory(Exception):
     """XLA refused to compile a step: its buffers exceed what it can use of the chip's HBM."""
 
 
+# Words of jax's errors about placing arrays on the mesh ("Sharding spec ... does not evenly
+# divide the dimension size 6"): those, and only those, are the mesh shape's fault.
+_PLACEMENT = re.compile(r"shard|divide|partition", re.IGNORECASE)
+
+
+def _trace_error(message: str) -> str:
+    """One line naming the field behind an error of tracing or lowering a step: the mesh
+    for jax's placement errors, the attention kernel for the library's kernel errors
+    (which say what to change), and otherwise the error as it is."""
+    line = message.splitlines()[0] if message else "unknown error"
+    if "attention_impl=" in line:  # MultiHeadAttention's kernel checks
+        return f"--config.model.attention_impl: {line}"
+    if _PLACEMENT.search(line):
+        return (
+            f"--config.mesh_shape: the step cannot be placed on this mesh ({line}) ; choose "
+            "axis sizes that divide the model's dimensions and the batch"
+        )
+    return line
+
+
 def _compile(jitted, *args) -> StepCost:
     """Lowers and compiles a jitted step for the arguments' (abstract) shapes and placement.
 
@@ -197,12 +218,8 @@ def _compile(jitted, *args) -> StepCost:
     try:
         traced = jitted.trace(*args)
         lowered = traced.lower()
-    except ValueError as err:  # e.g. a dimension that does not split over a mesh axis
-        raise ValueError(
-            f"--config.mesh_shape: the step cannot be placed on this mesh "
-            f"({str(err).splitlines()[0]}) ; choose axis sizes that divide the model's "
-            "dimensions and the batch"
-        ) from None
+    except ValueError as err:
+        raise ValueError(_trace_error(str(err))) from None
     try:
         compiled = lowered.compile()
     except Exception as err:  # jax's runtime error type; only an out-of-memory is expected
@@ -362,6 +379,7 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
     """
     chip = chip_of(topology)
     experiment = config_lib.validate_config(config)
+    compile_costs.check_attention_impl(topology, chip, experiment.model.attention_impl)
     data = experiment.data
     compiler = "the CUDA plugin" if chip.is_gpu else "libtpu"
     with stage(f"loading {compiler} and the {topology} topology"):

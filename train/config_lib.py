@@ -21,7 +21,7 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train import finetune, pretrained
-from train.cli import DamagedFileError
+from train.cli import DamagedFileError, model_field_error
 from train.rundir import RunDir, read_json
 from train.sections import (
     CORPORA,
@@ -189,7 +189,7 @@ def model_config(
             vocab_size=vocab_size, max_len=config.max_len, pad_id=pad_id, **fields
         )
     except ValueError as err:
-        raise ValueError(f"{err} (set it with --config.model.<field>=...)") from err
+        raise model_field_error(err, ("vocab_size", "max_len")) from err
 
 
 def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:

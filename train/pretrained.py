@@ -40,6 +40,7 @@ from flax import traverse_util
 from flax_transformer import TransformerConfig
 from flax_transformer.interop.gpt2 import gpt2_config
 from flax_transformer.interop.llama import llama_config
+from train.cli import model_field_error
 from train.hf_tokenizer import TOKENIZER_FILES, PretrainedTokenizer
 
 CONFIG_FILE = "config.json"
@@ -299,7 +300,7 @@ def merge_model_config(source: Source, model_fields: Mapping[str, Any]) -> Trans
     try:
         return TransformerConfig(**fields)
     except ValueError as err:
-        raise ValueError(f"{err} (set it with --config.model.<field>=...)") from err
+        raise model_field_error(err) from err
 
 
 def open_source(init_from: str, workdir: str | os.PathLike | None = None) -> Source:

@@ -16,6 +16,7 @@ import jax
 from flax import linen as nn
 
 from flax_transformer import axes
+from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention, RMSNorm
 
@@ -30,15 +31,6 @@ def as_layer_config(config: LayerConfig | TransformerConfig) -> LayerConfig:
         f"a layer needs a LayerConfig or TransformerConfig, got {type(config).__name__}; "
         "build one with LayerConfig(d_model=..., num_heads=..., d_ff=...)."
     )
-
-
-def check_width(owner: str, name: str, x: jax.Array, d_model: int) -> None:
-    """Raise ValueError unless `x` is `(B, T, d_model)`."""
-    if x.ndim != 3 or x.shape[-1] != d_model:
-        raise ValueError(
-            f"{owner} expects {name} of shape (B, T, d_model={d_model}), got shape {x.shape}; "
-            "project the input to d_model or set d_model to its width."
-        )
 
 
 def bias_switch(config: LayerConfig | TransformerConfig, field: str) -> bool:
@@ -154,7 +146,7 @@ class EncoderLayer(nn.Module):
           `(output (B, S, D), None)`: the pair lets `nn.scan` stack the layer.
         """
         cfg = as_layer_config(self.config)
-        check_width("EncoderLayer", "x", x_BSD, cfg.d_model)
+        check_model_width("EncoderLayer", "x", x_BSD, cfg.d_model)
         residual = _Residual(cfg, deterministic)
         attn = _attention(cfg, "self_attention")
         x_BSD = residual(
@@ -211,7 +203,7 @@ class DecoderLayer(nn.Module):
           `(output (B, T, D), updated cache)`; the cache is None without one.
         """
         cfg = as_layer_config(self.config)
-        check_width("DecoderLayer", "y", y_BTD, cfg.d_model)
+        check_model_width("DecoderLayer", "y", y_BTD, cfg.d_model)
         residual = _Residual(cfg, deterministic)
         new_cache = None if cache is None else {}
 

@@ -22,12 +22,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
-from flax_transformer.blocks.layers import (
-    DecoderLayer,
-    EncoderLayer,
-    check_width,
-    make_layer_norm,
-)
+from flax_transformer.blocks.layers import DecoderLayer, EncoderLayer, make_layer_norm
+from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import TransformerConfig
 from flax_transformer.layers import PositionalEncoding
 from flax_transformer.layers.initializers import partitioned
@@ -276,7 +272,7 @@ def _embed_inputs(
                 f"{owner}(embed=None) takes float embeddings (B, T, d_model), got "
                 f"{inputs.dtype} {inputs.shape=}; token ids need an embed module."
             )
-        check_width(owner, "inputs", inputs, cfg.d_model)
+        check_model_width(owner, "inputs", inputs, cfg.d_model)
         x_BTD = inputs.astype(cfg.dtype)
     else:
         if inputs.ndim != 2 or not jnp.issubdtype(inputs.dtype, jnp.integer):

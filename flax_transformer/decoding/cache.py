@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.checks.arguments import check_int, is_concrete
+from flax_transformer.checks.traced import runtime_check
 from flax_transformer.config import TransformerConfig
-from flax_transformer.functional.checks import check_int, is_concrete, runtime_check
 
 
 def init_decoder_cache(

@@ -20,23 +20,23 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import checkify
 
+from flax_transformer.checks.arguments import is_concrete, is_int
+from flax_transformer.checks.generation import (
+    check_eos_and_length,
+    check_logits_hook,
+    check_prompt_lengths,
+    unbox_params,
+)
+from flax_transformer.checks.tokens import check_tokens
+from flax_transformer.checks.traced import functionalizing
 from flax_transformer.decoding.search import LogitsHook
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 from flax_transformer.decoding.strategies import (
     Strategy,
     check_penalty_range,
-    is_int,
+    check_strategy,
     strategy_from_keywords,
 )
-from flax_transformer.decoding.validation import (
-    check_eos_and_length,
-    check_logits_hook,
-    check_prompt_lengths,
-    check_strategy,
-    unbox_params,
-)
-from flax_transformer.functional.checks import functionalizing, is_concrete
-from flax_transformer.inputs import check_tokens
 
 # Dtypes `decode_dtype` may name: the compute dtypes `TransformerConfig.dtype` accepts.
 DECODE_DTYPES = ("float32", "bfloat16", "float16")

@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.checks.traced import runtime_check
 from flax_transformer.decoding.cache import init_cache, move_rows, select_rows
-from flax_transformer.functional.checks import runtime_check
 
 
 class Stepper(NamedTuple):

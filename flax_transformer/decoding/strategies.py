@@ -34,11 +34,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax_transformer.checks.arguments import check_int, is_concrete
+from flax_transformer.checks.generation import check_rng
 from flax_transformer.decoding import search
 from flax_transformer.decoding.sampling import argmax_first, filter_logits
 from flax_transformer.decoding.search import LENGTH_PENALTY_BASE, LogitsHook
 from flax_transformer.decoding.steppers import Stepper
-from flax_transformer.functional.checks import check_int, is_concrete
 
 # The values that mean "off" / "the default" for the older keywords.
 DEFAULT_BEAM_SIZE = 1
@@ -47,10 +48,6 @@ DEFAULT_LENGTH_PENALTY = 0.6
 DEFAULT_TEMPERATURE = 0.0  # greedy
 TOP_K_OFF = 0
 TOP_P_OFF = 1.0
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def is_real(value: Any) -> bool:
@@ -328,3 +325,34 @@ def strategy_from_keywords(
     if beam_size > 1:
         return Beam(beam_size, alpha)
     return Sample(temperature, top_k, top_p) if sampling else Greedy()
+
+
+def check_strategy(
+    fn: str, config, strategy: Any, *, max_new_tokens: int, rng: Any, return_logits: bool
+) -> None:
+    """What a strategy cannot check alone: the vocabulary, the length, the key, the outputs.
+
+    Raises:
+      TypeError: `strategy` is not a `Strategy` (`Greedy`, `Sample`, `Beam`).
+      ValueError: what `strategy.check` refuses (a top_k larger than the vocabulary, a beam
+        length penalty that overflows float32 within `max_new_tokens`, `return_logits` with
+        beam search); a strategy that draws without a PRNG key (or with a malformed one).
+    """
+    if not isinstance(strategy, Strategy):
+        raise TypeError(
+            f"{fn}: strategy={strategy!r} must be Greedy(), Sample(temperature, top_k, top_p) "
+            "or Beam(size, length_penalty) (from flax_transformer), or None for the keywords."
+        )
+    strategy.check(
+        fn,
+        vocab=config.output_vocab_size,
+        max_new_tokens=max_new_tokens,
+        return_logits=return_logits,
+    )
+    if strategy.draws and rng is None:
+        raise ValueError(
+            f"{fn}: {strategy} samples and needs a PRNG key: pass rng=jax.random.key(0), or "
+            "Greedy() (temperature=0.0) for greedy decoding."
+        )
+    if rng is not None:
+        check_rng(fn, rng)

@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import (
+from flax_transformer.checks.arguments import (
     as_array,
     check_bool_mask,
     check_floating,

@@ -8,7 +8,12 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import as_array, as_features, check_floating, check_width
+from flax_transformer.checks.arguments import (
+    as_array,
+    as_features,
+    check_floating,
+    check_param_width,
+)
 from flax_transformer.functional.projection import project
 
 
@@ -34,7 +39,7 @@ def _check_kernels(fn: str, x, w_in, w_out, names: tuple[str, str], biases: dict
             f"must be 2-D, (D, F) then (F, D), with D = x's last axis ({width})."
         )
     for name, (b, size) in biases.items():
-        check_width(fn, name, b, size)
+        check_param_width(fn, name, b, size)
 
 
 def feed_forward(

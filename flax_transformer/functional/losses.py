@@ -18,12 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.functional.checks import (
-    check_floating,
-    check_number,
-    is_concrete,
-    runtime_check,
-)
+from flax_transformer.checks.arguments import check_floating, check_number, is_concrete
+from flax_transformer.checks.traced import runtime_check
 
 
 def label_smoothed_cross_entropy(

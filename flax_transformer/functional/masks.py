@@ -24,7 +24,7 @@ import operator
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import check_bool_mask, check_int
+from flax_transformer.checks.arguments import check_bool_mask, check_int
 
 
 def causal_mask(length: int) -> jax.Array:
@@ -203,3 +203,42 @@ def as_dense(mask, q_len: int, kv_len: int):
     if isinstance(mask, AttentionMask):
         return mask.dense(q_len, kv_len)
     return mask
+
+
+def self_attention_mask(
+    tokens_BT: jax.Array, pad_id: int, causal: bool, segment_ids_BT: jax.Array | None = None
+) -> AttentionMask:
+    """Keys that are not padding (and, if causal, not in the future; if packed, in the
+    query's own segment), as an `AttentionMask`; `.dense(T, T)` is `(B, 1, T, T)`."""
+    return AttentionMask(
+        key_valid_BS=tokens_BT != pad_id,
+        q_segments_BT=segment_ids_BT,
+        kv_segments_BS=segment_ids_BT,
+        causal=causal,
+    )
+
+
+def cross_attention_mask(
+    src_BS: jax.Array,
+    pad_id: int,
+    src_segment_ids_BS: jax.Array | None = None,
+    tgt_segment_ids_BT: jax.Array | None = None,
+) -> AttentionMask:
+    """Source keys that are not padding (`.dense` is `(B, 1, 1, S)`), or, when packed,
+    target segment s reads source segment s only (`(B, 1, T, S)`). Segment ids come both or
+    neither."""
+    if (src_segment_ids_BS is None) != (tgt_segment_ids_BT is None):
+        raise ValueError(
+            "packed translation needs both src_segment_ids and tgt_segment_ids (target "
+            "segment s reads source segment s), got only one; pass both or neither."
+        )
+    if src_segment_ids_BS is not None and src_segment_ids_BS.shape != src_BS.shape:
+        raise ValueError(
+            f"src_segment_ids must have the shape of src_tokens {src_BS.shape}, got "
+            f"{src_segment_ids_BS.shape}; give one id per source token."
+        )
+    return AttentionMask(
+        key_valid_BS=src_BS != pad_id,
+        q_segments_BT=tgt_segment_ids_BT,
+        kv_segments_BS=src_segment_ids_BS,
+    )

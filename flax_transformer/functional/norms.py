@@ -5,12 +5,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import (
+from flax_transformer.checks.arguments import (
     as_array,
     as_features,
     check_floating,
     check_number,
-    check_width,
+    check_param_width,
 )
 
 # torch.nn.LayerNorm's default epsilon, also the value of the 2017 reference implementations.
@@ -104,5 +104,5 @@ def _check_norm_args(fn: str, x: jax.Array, eps: float, **params: jax.Array | No
     check_number(fn, "eps", eps, low=0.0, low_open=True)
     arrays = {name: None if p is None else as_array(fn, name, p) for name, p in params.items()}
     for name, param in arrays.items():
-        check_width(fn, name, param, x.shape[-1])
+        check_param_width(fn, name, param, x.shape[-1])
     return (x, *arrays.values())

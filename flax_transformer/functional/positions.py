@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.checks import check_floating, check_int, check_number
+from flax_transformer.checks.arguments import check_floating, check_int, check_number
 
 # The base of the 2017 paper.
 DEFAULT_BASE = 10000.0

@@ -45,10 +45,10 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
+from flax_transformer.checks.arguments import as_array, check_floating, check_int
 from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
 from flax_transformer.functional import apply_rope, broadcast_mask, project
 from flax_transformer.functional.attention import check_dropout
-from flax_transformer.functional.checks import as_array, check_floating, check_int
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.attention_op import attention_op
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
@@ -199,6 +199,13 @@ class MultiHeadAttention(nn.Module):
             k_BSKH, v_BSKH, kv_head_axis = cache["k"], cache["v"], 1
         else:
             chex.assert_equal_shape([k_BSKH, v_BSKH])
+        out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis, deterministic)
+        y_BTD = self._merge_heads(out_BTNH, width)
+        return y_BTD if cache is None else (y_BTD, cache)
+
+    def _attend(self, q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis: int, deterministic: bool):
+        """The attention kernel over projected heads -> `(B, T, N, H)`; sows the weights
+        (and what they came from) when 'intermediates' is mutable."""
         use_dropout = not deterministic and self.dropout_rate > 0.0
         out_BTNH, weights_BNTS = attention_op(
             q_BTNH,
@@ -212,13 +219,12 @@ class MultiHeadAttention(nn.Module):
             dropout_rate=self.dropout_rate,
             dropout_rng=self.make_rng("dropout") if use_dropout else None,
             need_weights=self.is_mutable_collection("intermediates"),
-            fn=fn,
+            fn="MultiHeadAttention",
         )
         if weights_BNTS is not None:
             self.sow("intermediates", "attention_weights", weights_BNTS)
             self._sow_inputs(q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis)
-        y_BTD = self._merge_heads(out_BTNH, width)
-        return y_BTD if cache is None else (y_BTD, cache)
+        return out_BTNH
 
     def _sow_inputs(self, q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis: int) -> None:
         """Sows what the weights came from, for the attention explorer: queries `(B, T, N,

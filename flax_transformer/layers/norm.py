@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from flax_transformer import axes
+from flax_transformer.checks.arguments import as_features
 from flax_transformer.functional import LAYER_NORM_EPS, RMS_NORM_EPS, layer_norm, rms_norm
-from flax_transformer.functional.checks import as_features
 from flax_transformer.layers.initializers import ones_init, partitioned, zeros_init
 
 

@@ -2,8 +2,8 @@
 
 Every check here runs before any compute, on what is known at trace time (shapes, dtypes,
 Python numbers). Values inside arrays are known only outside `jit`; inside it they are
-tracers, and `runtime_check` turns a condition on them into a `checkify` check when the
-caller asked for checks (`TransformerConfig.debug_checks`, run through
+tracers, and `checks.traced.runtime_check` turns a condition on them into a `checkify`
+check when the caller asked for checks (`TransformerConfig.debug_checks`, run through
 `flax_transformer.checked`), and into nothing otherwise.
 
 Errors: `TypeError` for a wrong dtype or Python type, `ValueError` for a wrong shape or
@@ -12,18 +12,13 @@ value. Each message names the argument, what it got, and the fix.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import numbers
-import re
-from collections.abc import Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import checkify
 
 # The fix for the masks users bring from other libraries, quoted by every mask error:
 # torch/Hugging Face additive masks (0 = attend, -inf or -1e9 = blocked) and 0/1 int masks.
@@ -153,7 +148,7 @@ def check_int(
     return int(value)
 
 
-def check_width(fn: str, name: str, param: jax.Array | None, width: int) -> None:
+def check_param_width(fn: str, name: str, param: jax.Array | None, width: int) -> None:
     """ValueError unless a per-feature parameter (scale, bias) is `(width,)`."""
     if param is not None and jnp.shape(param) != (width,):
         raise ValueError(
@@ -162,78 +157,15 @@ def check_width(fn: str, name: str, param: jax.Array | None, width: int) -> None
         )
 
 
-# Set while `checked` (or generation with debug_checks) traces a function it functionalizes.
-_FUNCTIONALIZING = contextvars.ContextVar("flax_transformer_functionalizing", default=False)
-
-# What `runtime_check` says when an enabled check is staged where nothing functionalizes it.
-UNFUNCTIONALIZED = (
-    "TransformerConfig.debug_checks=True stages checks of traced values (token ids, "
-    "positions, cache room, prompt lengths) into the program, and plain jax.jit cannot run "
-    "them (jax would fail later with 'a checkify.check which was not functionalized'): jit "
-    "the function with flax_transformer.checked(fn) instead of jax.jit(fn); it can wrap a "
-    "whole step, e.g. checked(jax.value_and_grad(loss_fn))(params, batch), or your own "
-    "jax.jit(jax.experimental.checkify.checkify(fn)). Or build the model with "
-    "debug_checks=False to trace it unchecked. (The check staged here: {message})"
-)
+def check_model_width(owner: str, name: str, x: jax.Array, d_model: int) -> None:
+    """ValueError unless an activation `x` is `(B, T, d_model)` (what a layer or stack reads)."""
+    if x.ndim != 3 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{owner} expects {name} of shape (B, T, d_model={d_model}), got shape {x.shape}; "
+            "project the input to d_model or set d_model to its width."
+        )
 
 
-@contextlib.contextmanager
-def functionalizing() -> Iterator[None]:
-    """Mark the code traced inside as functionalized by checkify (`checked`, generation)."""
-    token = _FUNCTIONALIZING.set(True)
-    try:
-        yield
-    finally:
-        _FUNCTIONALIZING.reset(token)
-
-
-def _traces(x: Any) -> Iterator[Any]:
-    """The traces `x` is being traced by, innermost first (none for a concrete array).
-
-    jax's tracers carry their trace, and each trace its parent; private attributes, read
-    with getattr so that a jax without them yields nothing (and `runtime_check` then
-    leaves the error to jax, as before).
-    """
-    trace = getattr(x, "_trace", None)
-    while trace is not None:
-        yield trace
-        trace = getattr(trace, "parent_trace", None)
-
-
-def _staged_unfunctionalized(predicate: Any) -> bool:
-    """Whether a check on `predicate` would be staged (jit, scan) with no checkify around.
-
-    Eager calls, eager `vmap` and eager `grad` run a check at once: nothing is staged.
-    """
-    # jax's flag that runs unfunctionalized checks as host callbacks (CPU and GPU only).
-    runtime_errors = getattr(jax.config, "jax_experimental_unsafe_xla_runtime_errors", False)
-    if _FUNCTIONALIZING.get() or runtime_errors:
-        return False
-    staged = False
-    for trace in _traces(predicate):
-        debug_info = getattr(getattr(trace, "frame", None), "debug_info", None)
-        if getattr(debug_info, "traced_for", None) == "checkify":
-            return False  # the caller's own checkify.checkify
-        staged = staged or type(trace).__name__ == "DynamicJaxprTrace"
-    return staged
-
-
-def runtime_check(enabled: bool, predicate: jax.Array, message: str, **values: Any) -> None:
-    """Check a condition on traced values: a `checkify` check when `enabled`, else nothing.
-
-    `message` is formatted with `values` by checkify (`{name}` fields) when the check fails.
-    Run the enclosing jitted function through `flax_transformer.checked` (or
-    `jax.jit(jax.experimental.checkify.checkify(fn))`) to get the error raised.
-
-    Raises:
-      ValueError: `enabled` and the check is being staged (under `jax.jit`, `lax.scan`)
-        with neither around it: jax itself would refuse it only when lowering, with an
-        error that does not name `checked`.
-    """
-    if not enabled:
-        return
-    predicate = jnp.all(predicate)
-    if _staged_unfunctionalized(predicate):
-        unfilled = re.sub(r"\{\w+\}", "...", message)  # checkify fills {low}, {high}
-        raise ValueError(UNFUNCTIONALIZED.format(message=unfilled))
-    checkify.check(predicate, message, **values)
+def is_int(value: Any) -> bool:
+    """Whether `value` is a Python or numpy int, not a bool (a test, where `check_int` raises)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)

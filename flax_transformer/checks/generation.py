@@ -1,4 +1,5 @@
-"""Input checks of the generation functions: a ValueError naming the fix, before any compute."""
+"""Input checks of the generation functions (and `unbox_params`, the variables check shared
+with `train/`): a ValueError naming the fix, before any compute."""
 
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.decoding.strategies import Strategy, is_int
-
-
-def _concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
+from flax_transformer.checks.arguments import is_concrete, is_int
 
 
 def unbox_params(params: Any, required: tuple[str, ...], fn: str) -> dict:
@@ -47,37 +44,6 @@ def check_eos_and_length(fn: str, config, eos_id, max_new_tokens) -> None:
         raise ValueError(f"{fn}: eos_id={eos_id!r} must be a token id in [0, {vocab}).")
     if eos_id is not None and eos_id == config.pad_id:
         raise ValueError(f"{fn}: eos_id={eos_id} equals pad_id; EOS must be a real token.")
-
-
-def check_strategy(
-    fn: str, config, strategy: Any, *, max_new_tokens: int, rng: Any, return_logits: bool
-) -> None:
-    """What a strategy cannot check alone: the vocabulary, the length, the key, the outputs.
-
-    Raises:
-      TypeError: `strategy` is not a `Strategy` (`Greedy`, `Sample`, `Beam`).
-      ValueError: what `strategy.check` refuses (a top_k larger than the vocabulary, a beam
-        length penalty that overflows float32 within `max_new_tokens`, `return_logits` with
-        beam search); a strategy that draws without a PRNG key (or with a malformed one).
-    """
-    if not isinstance(strategy, Strategy):
-        raise TypeError(
-            f"{fn}: strategy={strategy!r} must be Greedy(), Sample(temperature, top_k, top_p) "
-            "or Beam(size, length_penalty) (from flax_transformer), or None for the keywords."
-        )
-    strategy.check(
-        fn,
-        vocab=config.output_vocab_size,
-        max_new_tokens=max_new_tokens,
-        return_logits=return_logits,
-    )
-    if strategy.draws and rng is None:
-        raise ValueError(
-            f"{fn}: {strategy} samples and needs a PRNG key: pass rng=jax.random.key(0), or "
-            "Greedy() (temperature=0.0) for greedy decoding."
-        )
-    if rng is not None:
-        check_rng(fn, rng)
 
 
 def check_rng(fn: str, rng: Any) -> None:
@@ -120,14 +86,14 @@ def check_prompt_lengths(fn: str, prompt: jax.Array, prompt_lengths: Any, pad_id
             f"{fn}: prompt_lengths must be ints of shape (B,)=({batch},), got "
             f"{lengths.shape=}, {lengths.dtype=}."
         )
-    if _concrete(lengths):
+    if is_concrete(lengths):
         values = np.asarray(lengths)
         if values.min() < 1 or values.max() > prompt_len:
             raise ValueError(
                 f"{fn}: prompt_lengths={values.tolist()} must lie in [1, P={prompt_len}]; "
                 "every prompt needs at least one token."
             )
-        if _concrete(prompt):
+        if is_concrete(prompt):
             real = np.arange(prompt_len)[None, :] < values[:, None]
             pads = np.argwhere(real & (np.asarray(prompt) == pad_id))
             if pads.size:

@@ -1,9 +1,10 @@
-"""What the models check and build from their token inputs, before any compute is spent.
+"""What the models check of their token inputs, before any compute is spent.
 
 `check_tokens` (exported) and, for packed sequences, `check_packing` (segment ids and
 positions, with `check_segment_ids` for the ids' values) raise ValueError for bad inputs;
-`self_attention_mask` and `cross_attention_mask` build the padding, causal and segment
-masks of the attentions.
+`check_token_range` is the one id-range check, shared with `train/`'s data path. The masks
+the models build from the tokens are `functional.masks.self_attention_mask` and
+`cross_attention_mask`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.functional import AttentionMask, segment_positions
-from flax_transformer.functional.checks import as_array, is_concrete, runtime_check
+from flax_transformer.checks.arguments import as_array, is_concrete
+from flax_transformer.checks.traced import runtime_check
+from flax_transformer.functional.positions import segment_positions
 
 
 def check_tokens(
@@ -268,42 +270,3 @@ def check_positions(
             low=positions.min(),
             high=positions.max(),
         )
-
-
-def self_attention_mask(
-    tokens_BT: jax.Array, pad_id: int, causal: bool, segment_ids_BT: jax.Array | None = None
-) -> AttentionMask:
-    """Keys that are not padding (and, if causal, not in the future; if packed, in the
-    query's own segment), as an `AttentionMask`; `.dense(T, T)` is `(B, 1, T, T)`."""
-    return AttentionMask(
-        key_valid_BS=tokens_BT != pad_id,
-        q_segments_BT=segment_ids_BT,
-        kv_segments_BS=segment_ids_BT,
-        causal=causal,
-    )
-
-
-def cross_attention_mask(
-    src_BS: jax.Array,
-    pad_id: int,
-    src_segment_ids_BS: jax.Array | None = None,
-    tgt_segment_ids_BT: jax.Array | None = None,
-) -> AttentionMask:
-    """Source keys that are not padding (`.dense` is `(B, 1, 1, S)`), or, when packed,
-    target segment s reads source segment s only (`(B, 1, T, S)`). Segment ids come both or
-    neither."""
-    if (src_segment_ids_BS is None) != (tgt_segment_ids_BT is None):
-        raise ValueError(
-            "packed translation needs both src_segment_ids and tgt_segment_ids (target "
-            "segment s reads source segment s), got only one; pass both or neither."
-        )
-    if src_segment_ids_BS is not None and src_segment_ids_BS.shape != src_BS.shape:
-        raise ValueError(
-            f"src_segment_ids must have the shape of src_tokens {src_BS.shape}, got "
-            f"{src_segment_ids_BS.shape}; give one id per source token."
-        )
-    return AttentionMask(
-        key_valid_BS=src_BS != pad_id,
-        q_segments_BT=tgt_segment_ids_BT,
-        kv_segments_BS=src_segment_ids_BS,
-    )
