@@ -310,9 +310,7 @@ def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_pa
     from flax_transformer import lora_param_count
 
     overrides = {"model.lora_rank": 4, "model.lora_targets": LORA_TARGETS}
-    config = _config(
-        model_dirs["gpt2"], corpus, learning_rate=1e-2, num_train_steps=5, **overrides
-    )
+    config = _config(model_dirs["gpt2"], corpus, learning_rate=1e-2, num_train_steps=5, **overrides)
     experiment, start = _start(config, tmp_path / "probe")
     before = jax.tree.map(np.asarray, start.state.params)
     state = start.state
@@ -428,3 +426,18 @@ def test_a_store_of_another_models_tokenizer_is_refused_before_any_step(
     with pytest.raises(ValueError, match="holds the ids of another tokenizer"):
         train_lib.train_and_evaluate(other, str(tmp_path / "llama"))
     assert not any((tmp_path / "llama" / "checkpoints").glob("*"))  # no step was saved
+
+
+def test_a_checkpoint_missing_a_weight_is_named(model_dirs, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (broken / name).write_bytes((model_dirs["gpt2"] / name).read_bytes())
+    tensors = load_file(str(model_dirs["gpt2"] / "model.safetensors"))
+    del tensors["transformer.h.1.mlp.c_fc.weight"]
+    save_file(tensors, str(broken / "model.safetensors"))
+    source = pretrained.read_source(broken)
+    with pytest.raises(ValueError, match=r"missing .*transformer\.h\.1\.mlp\.c_fc\.weight"):
+        pretrained.load_weights(source, source.model)

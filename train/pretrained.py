@@ -463,20 +463,21 @@ def load_weights(
     try:
         top, layers = _read_checkpoint(source, lazy, reader, base)
         out = {path: place(path, read()) for path, read in top.items()}
+        if base.scan_layers:  # one (L, ...) array per parameter, placed first, filled by layer
+            for i, layer in enumerate(layers):
+                for key, value in layer().items():
+                    path = ("decoder", "layers", *key)
+                    if path not in out:
+                        shape = (base.decoder_layers, *value.shape)
+                        out[path] = _zeros(shape, dtype, path, placement)
+                    out[path] = _set_layer(out[path], np.int32(i), np.asarray(value).astype(dtype))
+        else:
+            for i, layer in enumerate(layers):
+                for key, value in layer().items():
+                    path = ("decoder", f"layers_{i}", *key)
+                    out[path] = place(path, value)
     except AttributeError as err:
         raise ValueError(f"{source.path}: a weight the model needs is missing ({err})") from None
-    if base.scan_layers:  # one (L, ...) array per parameter, placed first, filled by layer
-        for i, layer in enumerate(layers):
-            for key, value in layer().items():
-                path = ("decoder", "layers", *key)
-                if path not in out:
-                    out[path] = _zeros((base.decoder_layers, *value.shape), dtype, path, placement)
-                out[path] = _set_layer(out[path], np.int32(i), np.asarray(value).astype(dtype))
-    else:
-        for i, layer in enumerate(layers):
-            for key, value in layer().items():
-                path = ("decoder", f"layers_{i}", *key)
-                out[path] = place(path, value)
     _check_tree(out, base, source)
     return traverse_util.unflatten_dict(out), reader.bytes_on_disk
 
