@@ -47,7 +47,8 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.scale_embeddings = True  # token embeddings times sqrt(d_model) (paper 3.4)
     model.embed_init_std = 0.02  # normal init std of token embeddings
     model.init_std = 0.02  # normal init std of the projection kernels
-    model.attention_impl = "xla"  # 'xla' (ours, sows weights) or 'jax_nn' (fused kernels)
+    model.attention_impl = "xla"  # 'xla' (ours, sows weights), 'jax_nn' (fused kernels), or
+    # 'blocked' (flash algorithm in jax.lax: no (T, T) arrays; layers/attention_op.py)
     model.share_embeddings = True  # one embedding for source and target (shared vocabulary)
     model.tie_output_embedding = True  # output projection = target embedding transposed
     model.dtype = "float32"  # compute dtype ('bfloat16' on accelerators)
