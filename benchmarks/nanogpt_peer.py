@@ -249,6 +249,31 @@ def _matmul_rate(variant: str) -> float:
     return 2 * 1024**3 / median(time_steps(lambda: a @ a, 10))
 
 
+def profile(variant: str, recipe_name: str, dropout: float, steps: int) -> dict:
+    """Op time per step by class (`benchmarks.step_profile`'s classes) of one variant."""
+    from benchmarks import step_profile
+
+    recipe = RECIPES[recipe_name]
+    if variant.startswith("ours"):
+        run, _ = our_step(recipe, dropout)
+        ops = step_profile.jax_ops(run, steps)
+        return step_profile._summary(ops, step_profile._xla_class, steps)
+    import collections
+
+    import torch
+
+    run, _ = peer_step(recipe, dropout, compiled=variant == "compile")
+    for _ in range(3):
+        run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run()
+    ops = collections.Counter()
+    for row in prof.key_averages():
+        ops[row.key] += row.self_cpu_time_total
+    return step_profile._summary(ops, step_profile._torch_class, steps)
+
+
 def worker(variant: str, recipe_name: str, dropout: float) -> None:
     """One variant, driven over stdin/stdout: a ready line, then `time K` -> K step times."""
     recipe = RECIPES[recipe_name]
@@ -258,7 +283,13 @@ def worker(variant: str, recipe_name: str, dropout: float) -> None:
         rng_impl = name.partition(":")[2] or "threefry2x32"
         run, note = our_step(recipe, dropout, rng_impl, attention_impl or "xla")
     else:
-        run, note = peer_step(recipe, dropout, compiled=variant == "compile")
+        # eager, compile, or with a thread count: eager@1 (torch.set_num_threads(1))
+        kind, _, threads = variant.partition("@")
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+        run, note = peer_step(recipe, dropout, compiled=kind == "compile")
     time_steps(run, 0, warmup=3)  # compile (both) and first-touch allocations
     print(json.dumps({"note": note, "matmul": _matmul_rate(variant)}), flush=True)
     for line in sys.stdin:
@@ -337,12 +368,28 @@ def main(argv=None) -> None:
         "--variants",
         default="ours,eager,compile",
         help="the first is the baseline of the ratios: ours[:rng_impl][+attention_impl], "
-        "eager, compile",
+        "eager[@threads], compile[@threads]",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    parser.add_argument(
+        "--profile", action="store_true", help="op time by class per variant, one at a time"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.profile and args.worker:
+        print(json.dumps(profile(args.worker, args.recipe, float(args.dropout), args.steps)))
+        return
+    if args.profile:
+        for dropout in args.dropout.split(","):
+            for v in args.variants.split(","):
+                cmd = [sys.executable, "-m", "benchmarks.nanogpt_peer", "--profile"]
+                cmd += ["--worker", v, "--recipe", args.recipe, "--dropout", dropout]
+                cmd += ["--steps", str(args.steps)]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                out = done.stdout.strip().splitlines()[-1:] or [done.stderr[-300:]]
+                print(f"{args.recipe} dropout {dropout} {v} (load {_loadavg()}): {out[0]}")
+        return
     if args.worker:
         return worker(args.worker, args.recipe, float(args.dropout))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

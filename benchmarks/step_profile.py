@@ -71,6 +71,13 @@ def profile_jax(size_name: str, dropout: float, steps: int) -> dict:
         state[0], state[1], loss = compiled(state[0], state[1], rng)
         loss.block_until_ready()
 
+    return _summary(jax_ops(run, steps), _xla_class, steps)
+
+
+def jax_ops(run, steps: int) -> collections.Counter:
+    """Microseconds per executed XLA op over `steps` calls of `run` (after 3 untimed)."""
+    import jax
+
     for _ in range(3):
         run()
     with tempfile.TemporaryDirectory() as folder:
@@ -89,7 +96,7 @@ def profile_jax(size_name: str, dropout: float, steps: int) -> dict:
         if name.startswith(_NOT_OPS) or name in _NOT_OPS_EXACT:
             continue
         by_op[name] += event["dur"]
-    return _summary(by_op, _xla_class, steps)
+    return by_op
 
 
 def profile_torch(size_name: str, dropout: float, steps: int) -> dict:
