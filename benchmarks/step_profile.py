@@ -29,7 +29,15 @@ from benchmarks.common import SIZES, machine_line
 
 CLASSES = ("matmul", "copy/transpose", "softmax/exp", "scatter/gather", "other")
 # XLA runtime bookkeeping and Python frames in the trace: not ops.
-_NOT_OPS = ("ThunkExecutor", "$", "SlinkyThreadPool", "PjitFunction", "CommonPjRt", "end: ")
+_NOT_OPS = (
+    "ThunkExecutor",
+    "$",
+    "SlinkyThreadPool",
+    "PjitFunction",
+    "CommonPjRt",
+    "end: ",
+    "np.asarray",  # the host waiting for a result (float(loss)), not an op
+)
 _NOT_OPS_EXACT = ("ParseArguments", "Handle inputs")
 
 
