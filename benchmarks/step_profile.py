@@ -29,7 +29,15 @@ from benchmarks.common import SIZES, machine_line
 
 CLASSES = ("matmul", "copy/transpose", "softmax/exp", "scatter/gather", "other")
 # XLA runtime bookkeeping and Python frames in the trace: not ops.
-_NOT_OPS = ("ThunkExecutor", "$", "SlinkyThreadPool", "PjitFunction", "CommonPjRt", "end: ")
+_NOT_OPS = (
+    "ThunkExecutor",
+    "$",
+    "SlinkyThreadPool",
+    "PjitFunction",
+    "CommonPjRt",
+    "end: ",
+    "np.asarray",  # the host waiting for a result (float(loss)), not an op
+)
 _NOT_OPS_EXACT = ("ParseArguments", "Handle inputs")
 
 
@@ -71,6 +79,13 @@ def profile_jax(size_name: str, dropout: float, steps: int) -> dict:
         state[0], state[1], loss = compiled(state[0], state[1], rng)
         loss.block_until_ready()
 
+    return _summary(jax_ops(run, steps), _xla_class, steps)
+
+
+def jax_ops(run, steps: int) -> collections.Counter:
+    """Microseconds per executed XLA op over `steps` calls of `run` (after 3 untimed)."""
+    import jax
+
     for _ in range(3):
         run()
     with tempfile.TemporaryDirectory() as folder:
@@ -89,7 +104,7 @@ def profile_jax(size_name: str, dropout: float, steps: int) -> dict:
         if name.startswith(_NOT_OPS) or name in _NOT_OPS_EXACT:
             continue
         by_op[name] += event["dur"]
-    return _summary(by_op, _xla_class, steps)
+    return by_op
 
 
 def profile_torch(size_name: str, dropout: float, steps: int) -> dict:

@@ -48,7 +48,8 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.embed_init_std = 0.02  # normal init std of token embeddings
     model.init_std = 0.02  # normal init std of the projection kernels
     # The attention kernel: 'xla' (ours, sows weights; any device), 'jax_nn' (XLA picks),
-    # 'splash' (Pallas flash attention, TPUs) or 'cudnn' (cuDNN flash attention, NVIDIA GPUs).
+    # 'blocked' (the flash algorithm in jax.lax: no (T, T) arrays, any device), 'splash'
+    # (Pallas flash attention, TPUs) or 'cudnn' (cuDNN flash attention, NVIDIA GPUs).
     model.attention_impl = "xla"
     model.share_embeddings = True  # one embedding for source and target (shared vocabulary)
     model.tie_output_embedding = True  # output projection = target embedding transposed

@@ -16,7 +16,7 @@ _LAYER_CHOICES = {
     "norm_position": ("pre", "post"),
     "norm": ("layernorm", "rmsnorm"),
     "activation": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
-    "attention_impl": ("xla", "jax_nn", "splash", "cudnn"),
+    "attention_impl": ("xla", "jax_nn", "splash", "cudnn", "blocked"),
 }
 _CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned", "rope")}
 # LoRA targets: the projections an adapter may sit on, by the name a user writes, and the
@@ -201,7 +201,7 @@ class LayerConfig:
     norm_bias: bool | None = None  # LayerNorm shift (RMSNorm has none); None = use_bias
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02  # normal init std of every projection kernel
-    attention_impl: str = "xla"  # 'xla', 'jax_nn', 'splash' or 'cudnn' (see TransformerConfig)
+    attention_impl: str = "xla"  # 'xla', 'jax_nn', 'splash', 'cudnn' or 'blocked'
     dtype: Any = "float32"  # compute dtype
     param_dtype: Any = "float32"  # parameter storage dtype
     num_kv_heads: int | None = None  # key/value heads K (see TransformerConfig); None = num_heads

@@ -17,6 +17,7 @@ import pytest
 from flax_transformer import DecoderOnlyTransformer, MultiHeadAttention, TransformerConfig
 from flax_transformer.functional import AttentionMask
 from flax_transformer.functional.attention import grouped_heads_attention
+from flax_transformer.functional.blocked_attention import blocked_attention
 from flax_transformer.layers.attention_op import attention_op, splash_interpret
 
 KEY = jax.random.key(24)
@@ -181,3 +182,65 @@ def test_cudnn_matches_the_reference_on_a_gpu():
     ref = _reference(*(x.astype(jnp.float32) for x in (q, k, v)), mask)
     real = np.asarray(seg != 0)[:, :, None, None]
     np.testing.assert_allclose(np.where(real, out.astype(jnp.float32), 0), ref, atol=2e-2)
+
+
+@pytest.mark.parametrize("block", [48, 128])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_blocked_matches_the_reference_forward_and_backward(case, block):
+    """The flash algorithm in jax.lax, over blocks that divide the keys (128) or not (48)."""
+    shape, make_mask = CASES[case]
+    q, k, v = _qkv(*shape)
+    mask = make_mask()
+    ref_value, ref_grads = _loss(lambda q, k, v: _reference(q, k, v, mask))(q, k, v)
+
+    def blocked(q, k, v):
+        return blocked_attention(
+            q,
+            k,
+            v,
+            key_valid_BS=mask.key_valid_BS,
+            q_segments_BT=mask.q_segments_BT,
+            kv_segments_BS=mask.kv_segments_BS,
+            causal=mask.causal,
+            block=block,
+        )
+
+    value, grads = jax.jit(_loss(blocked))(q, k, v)
+    chex.assert_trees_all_close(blocked(q, k, v), _reference(q, k, v, mask), atol=1e-5)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+    for grad, ref in zip(grads, ref_grads, strict=True):
+        chex.assert_trees_all_close(grad, ref, atol=1e-5)
+
+
+def test_blocked_through_attention_op_without_a_mask_and_with_dense_or_dropout():
+    """No mask: plain attention; a dense mask, dropout or the weights: the reference runs."""
+    q, k, v = _qkv(1, 40, 40, 2, 2, head_dim=16)
+    out, weights = attention_op(q, k, v, None, impl="blocked")
+    chex.assert_trees_all_close(out, _reference(q, k, v, None), atol=1e-5)
+    assert weights is None
+    dense = jnp.tril(jnp.ones((40, 40), bool))
+    out, _ = attention_op(q, k, v, dense, impl="blocked")
+    chex.assert_trees_all_close(out, _reference(q, k, v, dense), atol=1e-5)
+    _, weights = attention_op(q, k, v, dense, impl="blocked", need_weights=True)
+    assert weights is not None
+
+
+def test_a_blocked_model_gives_the_logits_and_gradients_of_the_xla_model():
+    config = TransformerConfig(
+        vocab_size=40, d_model=64, num_heads=4, num_kv_heads=2, d_ff=64, num_layers=1,
+        max_len=96, positional="learned", dropout_rate=0.0,
+    )  # fmt: skip
+    tokens = jax.random.randint(KEY, (2, 96), 1, 40).at[0, 90:].set(0).at[1, 70:].set(0)
+    segments = jnp.asarray(np.stack([_packed_ids([50, 40], 96), _packed_ids([70], 96)]))
+    xla = DecoderOnlyTransformer(config)
+    params = xla.init(KEY, tokens)
+    blocked = DecoderOnlyTransformer(config.replace(attention_impl="blocked"))
+    for kwargs in ({}, {"segment_ids_BT": segments}):
+
+        def loss(p, model, kw=kwargs):
+            return jnp.sum(jnp.sin(model.apply(p, tokens, **kw)))
+
+        want, want_grads = jax.value_and_grad(loss)(params, xla)
+        got, got_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, blocked)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+        chex.assert_trees_all_close(got_grads, want_grads, atol=1e-5)

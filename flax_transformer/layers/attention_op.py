@@ -11,6 +11,10 @@ heads here; nothing else knows which kernel runs. The implementations (`attentio
            never a dense mask; grouped-query heads natively.
   cudnn    `jax.nn.dot_product_attention(implementation='cudnn')` (GPU flash attention):
            causal flag plus the dense padding/segment mask.
+  blocked  the flash algorithm in `jax.lax` (`functional.blocked_attention`): key blocks
+           scanned with an online softmax, masks built per block from an `AttentionMask`,
+           no `(T, S)` array in the forward or the backward pass; any platform. Calls that
+           need dropout, the weights, or pass a dense mask array run `xla` instead.
 
 The fused kernels (`splash`, `cudnn`) return no weights and have no attention dropout; a
 call that needs either, or a mask they cannot express, raises a ValueError naming the
@@ -30,10 +34,11 @@ from flax import linen as nn
 from flax_transformer import axes
 from flax_transformer.functional import AttentionMask, broadcast_mask
 from flax_transformer.functional.attention import grouped_heads_attention
+from flax_transformer.functional.blocked_attention import blocked_attention
 from flax_transformer.functional.masks import as_dense
 from flax_transformer.layers.platform_guard import refuse_on_cpu
 
-IMPLEMENTATIONS = ("xla", "jax_nn", "splash", "cudnn")
+IMPLEMENTATIONS = ("xla", "jax_nn", "splash", "cudnn", "blocked")
 
 _SPLASH_INTERPRET = contextvars.ContextVar("splash_interpret", default=False)
 
@@ -92,7 +97,9 @@ def attention_op(
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"{fn}: attention_impl={impl!r} is not one of {IMPLEMENTATIONS}.")
     dropout = dropout_rng is not None and dropout_rate > 0.0
-    if kv_head_axis == 1 or impl == "xla" or (impl == "jax_nn" and (dropout or need_weights)):
+    dense = mask is not None and not isinstance(mask, AttentionMask)
+    falls_back = dropout or need_weights or (impl == "blocked" and dense)
+    if kv_head_axis == 1 or impl == "xla" or (impl in ("jax_nn", "blocked") and falls_back):
         return grouped_heads_attention(
             q_BTNH,
             k,
@@ -104,6 +111,8 @@ def attention_op(
             fn=fn,
         )
     _refuse_unsupported(impl, fn, dropout, need_weights)
+    if impl == "blocked":
+        return _blocked(q_BTNH, k, v, mask), None
     if impl == "jax_nn":
         return _jax_nn(q_BTNH, k, v, mask, fn), None
     if impl == "cudnn":
@@ -112,7 +121,7 @@ def attention_op(
 
 
 def _refuse_unsupported(impl: str, fn: str, dropout: bool, need_weights: bool) -> None:
-    if impl == "jax_nn":
+    if impl in ("jax_nn", "blocked"):
         return
     if dropout:
         raise ValueError(
@@ -126,6 +135,20 @@ def _refuse_unsupported(impl: str, fn: str, dropout: bool, need_weights: bool) -
             "'intermediates' collection is mutable (weights are sown there); use "
             "attention_impl='xla' to read the weights, or do not make 'intermediates' mutable."
         )
+
+
+def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None):
+    if mask is None:
+        return blocked_attention(q_BTNH, k_BSKH, v_BSKH)
+    return blocked_attention(
+        q_BTNH,
+        k_BSKH,
+        v_BSKH,
+        key_valid_BS=mask.key_valid_BS,
+        q_segments_BT=mask.q_segments_BT,
+        kv_segments_BS=mask.kv_segments_BS,
+        causal=mask.causal,
+    )
 
 
 def _jax_nn(q_BTNH, k_BSKH, v_BSKH, mask, fn):

@@ -1,0 +1,206 @@
+"""Attention over key blocks with an online softmax (the flash algorithm), in `jax.lax`.
+
+The reference (`grouped_heads_attention`) builds the `(B, N, T, S)` scores, softmaxes them
+and multiplies by the values: three passes over a `T x S` array that, at long T, lives in
+memory rather than cache. Here the keys are cut into blocks of `block` and scanned: each
+step scores the queries against one block, keeps a running maximum `m`, a running sum `l`
+of `exp(s - m)` and the running weighted values, and rescales them when the maximum grows
+(Milakov & Gimelshein 2018; Dao et al. 2022, FlashAttention). The largest array alive is
+`(B, N, T, block)`.
+
+The backward pass is written out (`jax.custom_vjp`): the forward keeps only the output and
+the log-sum-exp of each query's scores, and the backward recomputes each block's
+probabilities from them, so no `T x S` array is kept for the gradient either.
+
+Masks come as their parts (`AttentionMask`: padding keys, causal flag, segment ids), never
+dense: each block's mask is built from positions and ids. A query that sees no key gets
+zeros (as the reference). Grouped-query heads are repeated to N heads first. No dropout on
+the weights and no weights returned: `attention_op` runs the reference when either is
+asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+# Keys per scan step: scores of a (T, 128) block stay in cache for T up to a few thousand.
+DEFAULT_BLOCK = 128
+
+
+def _block_valid(j, block, kv_len, causal, q_len, key_valid_BS, q_seg_BT, kv_seg_BS):
+    """bool `(B or 1, 1, T, block)`: which keys of block j each query may see."""
+    pos_K = j * block + jnp.arange(block)
+    valid = (pos_K < kv_len)[None, None, None, :]
+    if causal:
+        valid = valid & (pos_K[None, :] <= jnp.arange(q_len)[:, None])[None, None]
+    if key_valid_BS is not None:
+        keys_BK = jax.lax.dynamic_slice_in_dim(key_valid_BS, j * block, block, axis=1)
+        valid = valid & keys_BK[:, None, None, :]
+    if q_seg_BT is not None:
+        kv_BK = jax.lax.dynamic_slice_in_dim(kv_seg_BS, j * block, block, axis=1)
+        same = (q_seg_BT[:, :, None] == kv_BK[:, None, :]) & (kv_BK[:, None, :] != 0)
+        valid = valid & same[:, None]
+    return valid
+
+
+def _padded(x, axis, size):
+    pad = size - x.shape[axis]
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, pad)
+    return jnp.pad(x, widths)
+
+
+def _blocks(x_BSNH, block):
+    """`(B, S, N, H)` -> `(S // block, B, block, N, H)`."""
+    b, s, n, h = x_BSNH.shape
+    return x_BSNH.reshape(b, s // block, block, n, h).transpose(1, 0, 2, 3, 4)
+
+
+def _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
+    q_len = q_BTNH.shape[1]
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+    qs_BTNH = q_BTNH.astype(jnp.float32) * scale
+    b, _, n, h = q_BTNH.shape
+    init = (
+        jnp.full((b, n, q_len), -jnp.inf, jnp.float32),  # running max m
+        jnp.zeros((b, n, q_len), jnp.float32),  # running sum l
+        jnp.zeros((b, n, q_len, v_BSNH.shape[-1]), jnp.float32),  # running values
+    )
+
+    def step(carry, xs):
+        m_BNT, l_BNT, acc_BNTH = carry
+        j, k_BKNH, v_BKNH = xs
+        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(jnp.float32))
+        valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
+        s_BNTK = jnp.where(valid, s_BNTK, -jnp.inf)
+        new_m = jnp.maximum(m_BNT, s_BNTK.max(-1))
+        safe_m = jnp.where(jnp.isfinite(new_m), new_m, 0.0)  # no key seen yet: any shift
+        p_BNTK = jnp.exp(s_BNTK - safe_m[..., None])  # exp(-inf) = 0 where masked
+        rescale = jnp.exp(m_BNT - safe_m)
+        l_BNT = l_BNT * rescale + p_BNTK.sum(-1)
+        acc_BNTH = acc_BNTH * rescale[..., None] + jnp.einsum(
+            "bntk,bknh->bnth", p_BNTK, v_BKNH.astype(jnp.float32)
+        )
+        return (new_m, l_BNT, acc_BNTH), None
+
+    num = k_BSNH.shape[1] // block
+    xs = (jnp.arange(num), _blocks(k_BSNH, block), _blocks(v_BSNH, block))
+    (m_BNT, l_BNT, acc_BNTH), _ = jax.lax.scan(step, init, xs)
+    seen = l_BNT > 0
+    out_BNTH = jnp.where(seen[..., None], acc_BNTH / jnp.where(seen, l_BNT, 1.0)[..., None], 0.0)
+    # log-sum-exp of each query's visible scores; unused (its probabilities are 0) if none.
+    lse_BNT = jnp.where(seen, m_BNT + jnp.log(jnp.where(seen, l_BNT, 1.0)), 0.0)
+    return out_BNTH.transpose(0, 2, 1, 3).astype(q_BTNH.dtype), lse_BNT
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _attend(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
+    return _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)[0]
+
+
+def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
+    out_BTNH, lse_BNT = _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)
+    return out_BTNH, (q_BTNH, k_BSNH, v_BSNH, masks, out_BTNH, lse_BNT)
+
+
+def _attend_bwd(causal, block, kv_len, res, dout_BTNH):
+    q_BTNH, k_BSNH, v_BSNH, masks, out_BTNH, lse_BNT = res
+    q_len = q_BTNH.shape[1]
+    scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
+    qs_BTNH = q_BTNH.astype(jnp.float32) * scale
+    dout_BTNH = dout_BTNH.astype(jnp.float32)
+    # D_t = sum_h dout * out = sum_s p_ts dp_ts: the softmax backward's subtracted term.
+    d_BNT = jnp.einsum("btnh,btnh->bnt", dout_BTNH, out_BTNH.astype(jnp.float32))
+
+    def step(dq_BTNH, xs):
+        j, k_BKNH, v_BKNH = xs
+        k_BKNH, v_BKNH = k_BKNH.astype(jnp.float32), v_BKNH.astype(jnp.float32)
+        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH)
+        valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
+        p_BNTK = jnp.where(valid, jnp.exp(s_BNTK - lse_BNT[..., None]), 0.0)
+        dv_BKNH = jnp.einsum("bntk,btnh->bknh", p_BNTK, dout_BTNH)
+        dp_BNTK = jnp.einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH)
+        ds_BNTK = p_BNTK * (dp_BNTK - d_BNT[..., None])
+        dq_BTNH = dq_BTNH + jnp.einsum("bntk,bknh->btnh", ds_BNTK, k_BKNH) * scale
+        dk_BKNH = jnp.einsum("bntk,btnh->bknh", ds_BNTK, qs_BTNH)
+        return dq_BTNH, (dk_BKNH, dv_BKNH)
+
+    num = k_BSNH.shape[1] // block
+    xs = (jnp.arange(num), _blocks(k_BSNH, block), _blocks(v_BSNH, block))
+    dq_BTNH, (dk_NBKNH, dv_NBKNH) = jax.lax.scan(step, jnp.zeros_like(qs_BTNH), xs)
+
+    def unblock(x, like):
+        nb, b, k, n, h = x.shape
+        return x.transpose(1, 0, 2, 3, 4).reshape(b, nb * k, n, h).astype(like.dtype)
+
+    mask_cotangents = jax.tree.map(lambda _: None, masks)
+    return (
+        dq_BTNH.astype(q_BTNH.dtype),
+        unblock(dk_NBKNH, k_BSNH),
+        unblock(dv_NBKNH, v_BSNH),
+        mask_cotangents,
+    )
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def blocked_attention(
+    q_BTNH: jax.Array,
+    k_BSKH: jax.Array,
+    v_BSKH: jax.Array,
+    *,
+    key_valid_BS: jax.Array | None = None,
+    q_segments_BT: jax.Array | None = None,
+    kv_segments_BS: jax.Array | None = None,
+    causal: bool = False,
+    block: int = DEFAULT_BLOCK,
+) -> jax.Array:
+    """Scaled dot-product attention of every head, key block by key block.
+
+    The result equals `grouped_heads_attention` with the mask `AttentionMask(key_valid_BS,
+    q_segments_BT, kv_segments_BS, causal).dense(T, S)` (to float32 rounding), gradients
+    included.
+
+    Args:
+      q_BTNH: queries `(B, T, N, H)`, unscaled.
+      k_BSKH, v_BSKH: keys and values `(B, S, K, H)`, K dividing N.
+      key_valid_BS: bool `(B, S)`, True for real keys; None: all.
+      q_segments_BT, kv_segments_BS: int segment ids (0 = padding), both or neither.
+      causal: query t sees keys s <= t only (T == S).
+      block: keys per scan step (S is padded up to a multiple of it, the padding masked).
+
+    Returns:
+      `(B, T, N, H)` in the queries' dtype; zeros for a query that sees no key.
+    """
+    heads, kv_heads = q_BTNH.shape[2], k_BSKH.shape[2]
+    if heads % kv_heads:
+        raise ValueError(
+            f"blocked_attention: {kv_heads} key/value heads do not divide {heads} query "
+            f"heads ({q_BTNH.shape=}, {k_BSKH.shape=})."
+        )
+    if (q_segments_BT is None) != (kv_segments_BS is None):
+        raise ValueError(
+            "blocked_attention needs both q_segments_BT and kv_segments_BS, or neither."
+        )
+    if kv_heads != heads:
+        k_BSKH, v_BSKH = (jnp.repeat(x, heads // kv_heads, axis=2) for x in (k_BSKH, v_BSKH))
+    kv_len = k_BSKH.shape[1]
+    block = min(block, kv_len)
+    padded = -(-kv_len // block) * block
+    k_BSNH, v_BSNH = (_padded(x, 1, padded) for x in (k_BSKH, v_BSKH))
+    masks = (
+        None if key_valid_BS is None else _padded(jnp.asarray(key_valid_BS, bool), 1, padded),
+        q_segments_BT,
+        None if kv_segments_BS is None else _padded(kv_segments_BS, 1, padded),
+    )
+    return _attend(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)
+
+
+__all__ = ["DEFAULT_BLOCK", "blocked_attention"]
