@@ -92,7 +92,8 @@ def main() -> None:
 
     import jax
 
-    from train import corpora, train_lib
+    from train import train_lib
+    from train.data import corpora
 
     text = "\n".join(corpora.load_kjv_lines()) + "\n"
     cut = int((1 - VALID_SHARE) * len(text))

@@ -53,9 +53,11 @@ def _first_batch(config, workdir):
     import torch
     import transformers
 
-    from train import config_lib, finetune, train_lib
-    from train.checkpoint import Checkpointer
-    from train.rundir import RunDir, prepare_workdir
+    from train import train_lib
+    from train.config import config_lib
+    from train.program import finetune
+    from train.run.checkpoint import Checkpointer
+    from train.run.rundir import RunDir, prepare_workdir
 
     experiment = config_lib.validate_config(config)
     run = RunDir(prepare_workdir(str(workdir)))
@@ -90,8 +92,8 @@ def _export_gap(workdir, out) -> float:
     import torch
     import transformers
 
-    from train.checkpoint import load_trained
     from train.export import export_run
+    from train.tools.trained import load_trained
 
     export_run(workdir, out)
     trained = load_trained(workdir)
@@ -110,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.INFO)
     from train import train_lib
-    from train.corpora import load_kjv_lines
+    from train.data.corpora import load_kjv_lines
     from train.tiny_pretrained import write_tiny_model
 
     lines = load_kjv_lines()

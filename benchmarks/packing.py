@@ -34,8 +34,11 @@ import numpy as np
 from benchmarks.common import machine_line
 from configs import default
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, input_pipeline, steps, train_lib
-from train.rundir import RunDir
+from train import train_lib
+from train.config import config_lib
+from train.data import input_pipeline
+from train.program import steps
+from train.run.rundir import RunDir
 
 KINDS = ("bucketed", "packed")
 PACKING = {"bucketed": "none", "packed": "segments"}

@@ -1,5 +1,5 @@
 """Host memory of loading a pretrained directory (`--config.init_from`): peak RSS of
-`train.pretrained.load_weights` against the checkpoint's size on disk.
+`train.program.pretrained.load_weights` against the checkpoint's size on disk.
 
     python -m benchmarks.pretrained_load                     # Llama-1B-sized, bf16 on disk
     python -m benchmarks.pretrained_load --layers 4          # a quicker, smaller one
@@ -75,7 +75,7 @@ def write_llama_dir(path: pathlib.Path, *, width, layers, heads, kv_heads, ffn, 
 _CHILD = """
 import dataclasses, resource, sys
 import jax
-from train import pretrained
+from train.program import pretrained
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024

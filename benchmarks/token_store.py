@@ -99,7 +99,7 @@ def machine_state() -> dict:
 
 def make_corpus(path: pathlib.Path, size_mb: float, seed: int) -> None:
     """Writes about `size_mb` MB of lines of 10 to 40 KJV words (unigram frequencies)."""
-    from train.corpora import load_kjv_lines
+    from train.data.corpora import load_kjv_lines
 
     words = [w for line in load_kjv_lines() for w in line.split()]
     vocab, flat = np.unique(np.array(words), return_inverse=True)
@@ -124,7 +124,7 @@ def make_corpus(path: pathlib.Path, size_mb: float, seed: int) -> None:
 def data_section(corpus: pathlib.Path, store: pathlib.Path, shard_mb: int):
     """lm_kjv_llama's data section for a text corpus and a store directory."""
     from configs import lm_kjv_llama
-    from train.sections import DataConfig
+    from train.config.sections import DataConfig
 
     config = lm_kjv_llama.get_config()
     config.corpus = "text"
@@ -136,7 +136,7 @@ def data_section(corpus: pathlib.Path, store: pathlib.Path, shard_mb: int):
 
 def prepare(corpus, store, shard_mb: int, workers: int, time_sample: bool) -> dict:
     """Prepares a fresh store: the tokenizer stage and the shard stage timed apart."""
-    from train import store_prepare
+    from train.store import store_prepare
 
     shutil.rmtree(store, ignore_errors=True)
     data = data_section(corpus, store, shard_mb)
@@ -203,8 +203,8 @@ def timed_run(corpus, store: str, workdir: pathlib.Path) -> dict:
 
 def loader_rate(store_dir, seq_len: int, batch: int, share, warmup: int, batches: int) -> dict:
     """This process's tokens/s from train_batches after `warmup` batches."""
-    from train.store_pipeline import WindowSource, train_batches
-    from train.token_store import TokenStore
+    from train.store.store_pipeline import WindowSource, train_batches
+    from train.store.token_store import TokenStore
 
     source = WindowSource(TokenStore.open(store_dir), "train", seq_len, segments=False)
     iterator = train_batches(
@@ -234,7 +234,7 @@ def main() -> None:
     parser.add_argument("--loader_batches", type=int, default=40)
     parser.add_argument("--out", default="/tmp/token_store_bench")
     flags = parser.parse_args()
-    from train.batching import RowShare
+    from train.data.batching import RowShare
 
     sizes = [float(s) for s in flags.sizes_mb.split(",")]
     memory_sizes = [float(s) for s in flags.memory_sizes_mb.split(",") if s]

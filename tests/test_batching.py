@@ -1,4 +1,4 @@
-"""train.batching and the stream of train.packing: length filters, bucket lengths,
+"""train.data.batching and the stream of train.data.packing: length filters, bucket lengths,
 batch-size policies, translation and LM batches."""
 
 import collections
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from train_helpers import random_pairs
 
-from train import batching, input_pipeline, packing, tasks
-from train import tokenizer as tokenizer_lib
+from train.data import batching, input_pipeline, packing
+from train.data import tokenizer as tokenizer_lib
+from train.program import tasks
 
 TRANSLATION, LM = tasks.TASKS["translation"], tasks.TASKS["lm"]
 

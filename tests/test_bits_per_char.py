@@ -11,8 +11,10 @@ import math
 import pytest
 from train_helpers import tiny_config, write_tiny_text
 
-from train import corpora, metrics, train_lib
-from train.rundir import RunDir
+from train import train_lib
+from train.data import corpora
+from train.program import metrics
+from train.run.rundir import RunDir
 
 _LINES = 300
 

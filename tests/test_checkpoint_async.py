@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints (train.checkpoint): the loop goes on while a write is in flight,
+"""Asynchronous checkpoints (train.run.checkpoint): the loop goes on while a write is in flight,
 a failed write is reported, and a write killed midway leaves the previous checkpoint.
 
 The write is slowed or broken where orbax commits it: the rename of
@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import checkpoint, train_lib
-from train.cli import CheckpointWriteError
+from train import train_lib
+from train.run import checkpoint
+from train.run.failures import CheckpointWriteError
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # How long the slowed commit of a checkpoint takes.
@@ -37,7 +38,7 @@ def _state(seed: int = 0) -> dict:
     }
 
 
-# A train step that donates its input, as train/steps.py's does.
+# A train step that donates its input, as train/program/steps.py's does.
 _step = jax.jit(lambda s: jax.tree.map(lambda x: x * 2 + 1, s), donate_argnums=0)
 
 
@@ -117,7 +118,7 @@ def test_a_failed_background_write_is_reported_at_close(tmp_path, monkeypatch):
 _KILLED_WHILE_WRITING = """
 import os, signal, sys
 import jax, jax.numpy as jnp
-from train import checkpoint
+from train.run import checkpoint
 real = os.rename
 def rename(src, dst, *args, **kwargs):
     if os.path.basename(str(src)) == "2.orbax-checkpoint-tmp":

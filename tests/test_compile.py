@@ -19,9 +19,12 @@ import pytest
 
 from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
-from train import compile_costs, config_lib, pretrained, tasks, traced_costs, train_lib
-from train.compile_lib import abstract_batch
-from train.sections import DataConfig
+from train import train_lib
+from train.aot import compile_costs, traced_costs
+from train.aot.compile_lib import abstract_batch
+from train.config import config_lib
+from train.config.sections import DataConfig
+from train.program import pretrained, tasks
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(
@@ -196,7 +199,7 @@ def test_an_attention_kernel_the_chips_cannot_run_is_refused_up_front(flags, top
 
 
 def test_a_step_that_cannot_be_traced_names_the_field_behind_it():
-    from train.compile_lib import _trace_error
+    from train.aot.compile_lib import _trace_error
 
     placement = (
         "Sharding spec ('fsdp',) implies that array axis 0 is partitioned 4 times, but does "
@@ -456,7 +459,7 @@ def test_cudnn_attention_flops_are_counted_from_its_shapes():
     """Tracing only: cuDNN's kernels hide their matrix products from `dot_general`; they are
     counted from the kernels' shapes (q k^T and weights v forward, five products backward,
     causal masks halved), so the traced count is the formula's less the difference."""
-    from train import compile_lib
+    from train.aot import compile_lib
 
     config = lm_kjv_llama.get_config()
     config.model.update(d_model=64, d_ff=128, num_layers=2)
@@ -488,7 +491,7 @@ def test_gpu_topology_names_hosts_and_gpus(name, expected):
 @pytest.mark.parametrize("key", sorted(compile_costs.GPUS))
 def test_gpu_memory_is_that_of_the_target_config(key):
     chip = compile_costs.GPUS[key]
-    text = (REPO / "train" / "gpu_specs" / chip.target_config).read_text()
+    text = (REPO / "train" / "aot" / "gpu_specs" / chip.target_config).read_text()
     assert f"device_memory_size: {int(chip.hbm_bytes)}\n" in text
     assert f'device_description_str: "{chip.device_kind}"' in text
 

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from flax_transformer import sharding
-from train import config_lib, steps, tasks, train_lib
+from train import train_lib
+from train.config import config_lib
+from train.program import steps, tasks
 
 CONFIG_NAMES = sorted(
     p.stem

@@ -1,4 +1,4 @@
-"""train.corpora: the shipped Bibles (on miniature copies of their package files), the user's
+"""train.data.corpora: the shipped Bibles (on miniature copies of their package files), the user's
 files, the hash split, and the real corpora where their packages are installed."""
 
 import csv
@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from train import corpora
+from train.data import corpora
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.

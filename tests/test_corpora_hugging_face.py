@@ -6,8 +6,8 @@ import types
 import pytest
 
 from configs import default
-from train import config_lib
-from train.corpora import CorpusNotFoundError, load_hf_examples
+from train.config import config_lib
+from train.data.corpora import CorpusNotFoundError, load_hf_examples
 
 RECORDS = [
     {"translation": {"de": "Guten  Morgen", "en": "Good morning"}, "id": 0},

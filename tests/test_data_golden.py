@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import config_lib, input_pipeline
-from train.batching import WHOLE_BATCH, RowShare
-from train.rundir import RunDir
+from train.config import config_lib
+from train.data import input_pipeline
+from train.data.batching import WHOLE_BATCH, RowShare
+from train.run.rundir import RunDir
 
 
 def _digest(batches) -> str:

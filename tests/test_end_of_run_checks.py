@@ -16,8 +16,8 @@ import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
 from train import train_lib
-from train.cli import USAGE_ERROR
-from train.rundir import RunDir
+from train.run.failures import USAGE_ERROR
+from train.run.rundir import RunDir
 
 
 def _refused_before_step_1(config, workdir) -> str:

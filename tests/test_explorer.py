@@ -20,9 +20,11 @@ from flax import linen as nn
 from configs import default
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from flax_transformer.functional.attention import MASK_VALUE
-from train import attention_recording, config_lib, explorer, visualize
-from train.checkpoint import TrainedModel
-from train.tokenizer import ByteTokenizer
+from train import visualize
+from train.config import config_lib
+from train.data.tokenizer import ByteTokenizer
+from train.tools import attention_recording, explorer
+from train.tools.trained import TrainedModel
 
 CHROMIUM = pathlib.Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -177,7 +179,7 @@ def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
     config.update(max_len=32, bucket_lengths=(), max_decode_len=0, tokenizer="byte")
     experiment = config_lib.validate_config(config)
     trained = TrainedModel(config, tok, model, params, 0, experiment)
-    monkeypatch.setattr("train.tools.load_trained", lambda workdir: trained)
+    monkeypatch.setattr("train.tools.tools.load_trained", lambda workdir: trained)
     out = tmp_path / "page.html"
     assert visualize.visualize(str(tmp_path), "abc", out=str(out), html=True) == [out]
     assert out.is_file()

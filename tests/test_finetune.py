@@ -18,13 +18,16 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from configs import finetune_gpt2  # noqa: E402
-from train import config_lib, finetune, pretrained, train_lib  # noqa: E402
-from train.checkpoint import Checkpointer, load_trained  # noqa: E402
-from train.corpora import load_kjv_lines  # noqa: E402
+from train import train_lib  # noqa: E402
+from train.config import config_lib  # noqa: E402
+from train.data.corpora import load_kjv_lines  # noqa: E402
 from train.export import export_adapters, export_run  # noqa: E402
-from train.inference import sample_text  # noqa: E402
-from train.rundir import RunDir, prepare_workdir  # noqa: E402
+from train.program import finetune, pretrained  # noqa: E402
+from train.program.inference import sample_text  # noqa: E402
+from train.run.checkpoint import Checkpointer  # noqa: E402
+from train.run.rundir import RunDir, prepare_workdir  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
+from train.tools.trained import load_trained  # noqa: E402
 
 FAMILIES = ("gpt2", "llama")
 PROMPTS = ("In the beginning", "And God said", "Blessed are\tthe")
@@ -381,9 +384,10 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax
 sys.path.insert(0, {tests!r})
 from test_finetune import _config
-from train import config_lib, train_lib
-from train.checkpoint import Checkpointer
-from train.rundir import RunDir, prepare_workdir
+from train import train_lib
+from train.config import config_lib  # noqa: E402
+from train.run.checkpoint import Checkpointer
+from train.run.rundir import RunDir, prepare_workdir
 config = _config({model!r}, {corpus!r}, learning_rate=0.0, mesh_shape=(1, 2, 2))
 results = train_lib.train_and_evaluate(config, {workdir!r})
 experiment = config_lib.validate_config(config)

@@ -1,4 +1,4 @@
-"""train.input_pipeline: the resumable epoch stream and the dataset built from a config
+"""train.data.input_pipeline: the resumable epoch stream and the dataset built from a config
 (copied targets)."""
 
 import json
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from train_helpers import dataset_of, random_pairs, tiny_config, write_tiny_tsv
 
-from train import batching, input_pipeline
-from train.rundir import RunDir
-from train.tasks import TASKS
+from train.data import batching, input_pipeline
+from train.program.tasks import TASKS
+from train.run.rundir import RunDir
 
 TRANSLATION = TASKS["translation"]
 
@@ -95,7 +95,7 @@ def test_epoch_rng_rejects_negative_seed():
 
 
 def test_copied_target_pairs_repeat_targets_as_sources():
-    from train.input_pipeline import copied_target_pairs
+    from train.data.input_pipeline import copied_target_pairs
 
     pairs = [([10 + i], [100 + i, 7]) for i in range(10)]
     copies = copied_target_pairs(pairs, 0.5, seed=0)

@@ -17,9 +17,12 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import batching, distributed, launch_local, metrics, packing
-from train.rundir import RunDir
-from train.tasks import TASKS
+from train import launch_local
+from train.data import batching, packing
+from train.program import metrics
+from train.program.tasks import TASKS
+from train.run import distributed
+from train.run.rundir import RunDir
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every run of the slow test is stopped after this long, whatever happens.

@@ -23,8 +23,10 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import checkpoint, metrics, train_lib
-from train.rundir import RunDir
+from train import train_lib
+from train.program import metrics
+from train.run import checkpoint
+from train.run.rundir import RunDir
 
 OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"
 # Each kind of old run and the corpus it read (relative to its current directory).

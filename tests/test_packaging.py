@@ -24,9 +24,9 @@ def test_py_typed_marker_is_package_data():
 def test_explorer_template_is_package_data():
     """`python -m train.visualize --html` reads its page template from the installed package."""
     tomllib = pytest.importorskip("tomllib")
-    assert (ROOT / "train" / "explorer.html").is_file()
+    assert (ROOT / "train" / "tools" / "explorer.html").is_file()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "explorer.html" in pyproject["tool"]["setuptools"]["package-data"]["train"]
+    assert "explorer.html" in pyproject["tool"]["setuptools"]["package-data"]["train.tools"]
 
 
 def _can_build_wheels() -> bool:
@@ -56,4 +56,5 @@ def test_wheel_contains_package_data(tmp_path):
     wheel = src / "dist" / done.stdout.strip().splitlines()[-1]
     names = zipfile.ZipFile(wheel).namelist()
     assert "flax_transformer/py.typed" in names
-    assert "train/explorer.html" in names
+    assert "train/tools/explorer.html" in names
+    assert "train/aot/gpu_specs/h100_sxm.txtpb" in names

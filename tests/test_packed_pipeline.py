@@ -1,4 +1,4 @@
-"""Packed batches in the training program (`train.packing`, `config.packing='segments'`):
+"""Packed batches in the training program (`train.data.packing`, `config.packing='segments'`):
 every example exactly once, in its own segment with the right ids and positions, and the
 task's loss on a packed batch equal to the loss on the same examples one per row."""
 
@@ -17,11 +17,13 @@ from flax_transformer import (
     segment_positions,
 )
 from tests.train_helpers import tiny_config, write_tiny_tsv
-from train import batching, config_lib, input_pipeline, packing, steps
-from train.batching import RowShare
-from train.sections import DataConfig
-from train.tasks import TASKS, drop_target_tokens, get_task
-from train.tokenizer import BOS_ID, EOS_ID, PAD_ID, SpecialIds
+from train.config import config_lib
+from train.config.sections import DataConfig
+from train.data import batching, input_pipeline, packing
+from train.data.batching import RowShare
+from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SpecialIds
+from train.program import steps
+from train.program.tasks import TASKS, drop_target_tokens, get_task
 
 TRANSLATION, LM = TASKS["translation"], TASKS["lm"]
 

@@ -1,4 +1,4 @@
-"""train.sections: the config turned once into frozen, self-checking sections."""
+"""train.config.sections: the config turned once into frozen, self-checking sections."""
 
 import dataclasses
 import subprocess
@@ -10,8 +10,9 @@ import pytest
 
 from configs import default
 from flax_transformer import TransformerConfig, sharding
-from train import cli, config_lib, steps, tasks, train_lib
-from train.sections import (
+from train import train_lib
+from train.config import config_lib
+from train.config.sections import (
     DataConfig,
     DecodeOptions,
     EvalConfig,
@@ -21,7 +22,9 @@ from train.sections import (
     ScheduleConfig,
     StepConfig,
 )
-from train.tokenizer import ByteTokenizer
+from train.data.tokenizer import ByteTokenizer
+from train.program import steps, tasks
+from train.run import failures
 
 
 @pytest.fixture
@@ -112,9 +115,9 @@ def test_a_model_refusal_names_the_flag_that_sets_the_field():
     refusal = ValueError("TransformerConfig.max_len=0 must be a positive integer.")
     data_fields = ("vocab_size", "max_len")  # filled from the data section's flags
     message = "--config.max_len=0 must be a positive integer."
-    assert str(cli.model_field_error(refusal, data_fields)) == message
-    assert str(cli.model_field_error(refusal)).startswith("--config.model.max_len=0 must")
-    unnamed = cli.model_field_error(ValueError("a message naming no field"))
+    assert str(failures.model_field_error(refusal, data_fields)) == message
+    assert str(failures.model_field_error(refusal)).startswith("--config.model.max_len=0 must")
+    unnamed = failures.model_field_error(ValueError("a message naming no field"))
     assert str(unnamed) == "a message naming no field (set it with --config.model.<field>=...)"
 
 
@@ -169,11 +172,11 @@ def test_validate_config_returns_the_sections():
 def test_the_sections_load_alone():
     # Nothing of train/ comes with them: the tasks and the decoding may read them freely.
     code = (
-        "import sys, train.sections; "
+        "import sys, train.config.sections; "
         "print(sorted(m for m in sys.modules if m.startswith('train.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['train.sections']"
+    assert out.stdout.strip() == "['train.config', 'train.config.sections']"
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import steps, tasks
-from train.tasks import TASKS
+from train.program import steps, tasks
+from train.program.tasks import TASKS
 
 TRANSLATION = TASKS["translation"]
 

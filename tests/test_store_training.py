@@ -12,9 +12,10 @@ import pytest
 from test_multiprocess import _params, _run
 from train_helpers import tiny_config, write_tiny_text
 
-from train import metrics, train_lib
-from train.rundir import RunDir
-from train.token_store import MANIFEST
+from train import train_lib
+from train.program import metrics
+from train.run.rundir import RunDir
+from train.store.token_store import MANIFEST
 
 STEPS, CHECKPOINT_EVERY = 8, 4
 

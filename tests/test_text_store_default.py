@@ -10,8 +10,8 @@ import pytest
 from train_helpers import tiny_config, write_tiny_text
 
 from train import train_lib
-from train.rundir import RunDir
-from train.token_store import MANIFEST
+from train.run.rundir import RunDir
+from train.store.token_store import MANIFEST
 
 
 class _Stop(Exception):

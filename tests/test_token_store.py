@@ -12,11 +12,12 @@ import pytest
 import zstandard
 from train_helpers import tiny_config
 
-from train import corpora, store_pipeline, store_prepare
-from train.batching import RowShare
-from train.sections import DataConfig
-from train.token_store import MANIFEST, SHARDS, StoreError, TokenStore, store_settings
-from train.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
+from train.config.sections import DataConfig
+from train.data import corpora
+from train.data.batching import RowShare
+from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
+from train.store import store_pipeline, store_prepare
+from train.store.token_store import MANIFEST, SHARDS, StoreError, TokenStore, store_settings
 
 
 def _lines(count: int, seed: int = 0) -> list[str]:

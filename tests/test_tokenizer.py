@@ -1,4 +1,4 @@
-"""Tests for train.tokenizer: byte and SentencePiece tokenizers."""
+"""Tests for train.data.tokenizer: byte and SentencePiece tokenizers."""
 
 import io
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 import sentencepiece as spm
 
-from train.tokenizer import (
+from train.data.tokenizer import (
     BOS_ID,
     BYTE_OFFSET,
     EOS_ID,

@@ -14,8 +14,10 @@ import sys
 import pytest
 from train_helpers import tiny_config
 
-from train import checkpoint, config_lib, sample, translate
-from train.sections import DecodeOptions
+from train import sample, translate
+from train.config import config_lib
+from train.config.sections import DecodeOptions
+from train.tools.trained import load_trained
 
 REPO = pathlib.Path(__file__).parent.parent
 OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"
@@ -127,7 +129,7 @@ def old_runs(tmp_path):
 
 def test_old_run_directories_still_translate_and_sample(old_runs, capsys):
     translation = old_runs / "translation-segments"
-    trained = checkpoint.load_trained(translation)
+    trained = load_trained(translation)
     assert trained.step == 4 and trained.experiment.data.packing == "segments"
     assert trained.experiment.eval.decode == DecodeOptions.from_config(trained.config)
     [line] = translate.translate_sentences(translation, ["ab cd"], beam_size=2)

@@ -1,4 +1,4 @@
-"""train.traced_costs: the FLOPs and HBM bytes of the Pallas splash kernels, counted from
+"""train.aot.traced_costs: the FLOPs and HBM bytes of the Pallas splash kernels, counted from
 their shapes, against splash's own tile map and kernel bodies and against the dense path.
 
 Tracing only: nothing here compiles for a TPU, so no libtpu is needed.
@@ -17,7 +17,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import (
 
 from flax_transformer.functional.masks import AttentionMask
 from flax_transformer.layers.attention_op import SPLASH_SCOPES, attention_op
-from train import traced_costs
+from train.aot import traced_costs
 
 
 def _pallas_calls(jaxpr) -> list:

@@ -13,9 +13,11 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import checkpoint, inference, metrics, train_lib
-from train.rundir import RunDir
-from train.sections import DecodeOptions
+from train import train_lib
+from train.config.sections import DecodeOptions
+from train.program import inference, metrics
+from train.run.rundir import RunDir
+from train.tools.trained import load_trained
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
 # asyncio loop; it surfaces later, at garbage collection, as an unraisable "Exception ignored
@@ -97,7 +99,7 @@ def test_repeated_ngram_share():
 
 def test_translate_from_checkpoint(trained_run):
     config, workdir, results = trained_run
-    trained = checkpoint.load_trained(workdir)
+    trained = load_trained(workdir)
     assert trained.step == 300 and trained.config.task == "translation"
     assert trained.experiment.data.task == "translation"
     sample = results["samples"][0]
@@ -198,7 +200,7 @@ def test_greedy_sample_text_leaves_out_the_config_top_k_top_p():
     """generate_text refuses top_k/top_p with temperature 0; the program's greedy samples
     (configs/lm_kjv.py has top_k=40) pass them only when it samples."""
     from flax_transformer import DecoderOnlyTransformer, TransformerConfig, generate_text
-    from train.tokenizer import ByteTokenizer
+    from train.data.tokenizer import ByteTokenizer
 
     tokenizer = ByteTokenizer()
     model = DecoderOnlyTransformer(
@@ -285,7 +287,8 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax
 sys.path.insert(0, {tests!r})
 from train_helpers import tiny_config
-from train import train_lib, metrics
+from train import train_lib
+from train.program import metrics
 assert jax.device_count() == 4
 config = tiny_config({corpus!r}, num_train_steps=4, bleu_examples=0)
 train_lib.train_and_evaluate(config, {workdir!r})

@@ -6,9 +6,11 @@ import sys
 import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import config_lib, corpora, train_lib
-from train.rundir import RunDir
-from train.tokenizer import ByteTokenizer
+from train import train_lib
+from train.config import config_lib
+from train.data import corpora
+from train.data.tokenizer import ByteTokenizer
+from train.run.rundir import RunDir
 
 
 def _run_main(*args, cwd=None):

@@ -13,9 +13,13 @@ import sys
 import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import checkpoint, config_lib, metrics, rundir, train_lib
-from train.cli import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
-from train.rundir import RunDir
+from train import train_lib
+from train.config import config_lib
+from train.program import metrics
+from train.run import rundir
+from train.run.failures import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
+from train.run.rundir import RunDir
+from train.tools.trained import load_trained
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -162,7 +166,7 @@ def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
 
 _HOLD_LOCK = (
     "import sys, time\n"
-    "from train.rundir import WorkdirLock\n"
+    "from train.run.rundir import WorkdirLock\n"
     "with WorkdirLock(sys.argv[1]):\n"
     "    print('locked', flush=True)\n"
     "    time.sleep(120)\n"
@@ -288,7 +292,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_resumes(tmp_path, 
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     # Inference reads the older checkpoint, says so, and moves nothing.
     with caplog.at_level(logging.WARNING):
-        trained = checkpoint.load_trained(workdir)
+        trained = load_trained(workdir)
     assert trained.step == 4
     [warning] = [r.getMessage() for r in caplog.records if "cannot be restored" in r.getMessage()]
     assert warning.startswith(f"Checkpoint {ckpts / '8'} cannot be restored into the model of")
@@ -328,7 +332,8 @@ def test_disk_full_during_the_run_is_a_run_failure(tmp_path):
     # The disk fills while metrics are written: simulated in the child, as ENOSPC.
     script = (
         "import errno, os, sys\n"
-        "from train import main, metrics\n"
+        "from train import main\n"
+        "from train.program import metrics\n"
         "def write(self, *args):\n"
         "    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))\n"
         "metrics.MetricsWriter.write = write\n"
@@ -565,7 +570,7 @@ def test_sigterm_saves_at_the_next_step_and_the_rerun_resumes_exactly(tmp_path):
     import jax
     import numpy as np
 
-    from train.cli import PREEMPTED
+    from train.run.failures import PREEMPTED
 
     steps = dict(num_train_steps=10, checkpoint_every_steps=4, eval_every_steps=5)
     steps.update(log_every_steps=5, **{"model.dropout_rate": 0.1})

@@ -13,12 +13,14 @@ from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_t
 from verbatim_documents import HARD_DOCUMENTS, filler_lines
 
 from configs import default
-from train import config_lib, corpora, input_pipeline, store_pipeline, store_prepare
-from train.batching import WHOLE_BATCH
-from train.rundir import RunDir
-from train.sections import DataConfig
-from train.token_store import MANIFEST, StoreError
-from train.tokenizer import ByteTokenizer, SentencePieceTokenizer
+from train.config import config_lib
+from train.config.sections import DataConfig
+from train.data import corpora, input_pipeline
+from train.data.batching import WHOLE_BATCH
+from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer
+from train.run.rundir import RunDir
+from train.store import store_pipeline, store_prepare
+from train.store.token_store import MANIFEST, StoreError
 
 # A lossless vocabulary for these documents: 260 special and byte pieces, then characters
 # and pieces of the filler text (SentencePiece refuses more than the corpus offers).

@@ -7,8 +7,8 @@ import ml_collections
 import numpy as np
 
 from configs import default
-from train import input_pipeline
-from train.sections import DataConfig
+from train.config.sections import DataConfig
+from train.data import input_pipeline
 
 # A learnable toy translation: the source words reversed and upper-cased.
 WORDS = ("ab", "cd", "ef", "gh", "ij", "kl", "mn", "op")

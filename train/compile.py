@@ -8,7 +8,7 @@ fit, what would a step cost, which collectives does it run.
     pip install -r requirements-gpu.txt   # the CUDA plugin, XLA's GPU compiler; no GPU needed
     python -m train.compile --config configs/ja_en_gpu.py --topology h100:1x8
 
-A GPU topology is `<kind>:<hosts>x<GPUs per host>` (h100, h200, a100: train/gpu_specs/ holds
+A GPU topology is `<kind>:<hosts>x<GPUs per host>` (h100, h200, a100: train/aot/gpu_specs/ holds
 the XLA target config of each). It is compiled "deviceless": jax runs on the CPU
 (JAX_PLATFORMS=cpu, which this program sets) and the CUDA plugin's XLA compiles for the GPU
 the target config describes. What that cannot check is listed in the report (`not_checked`):
@@ -16,7 +16,7 @@ cuDNN kernels are not built, nothing is autotuned, and XLA has no cost analysis 
 FLOPs are those of the traced step).
 
 The train and eval steps are those `train.main` runs, compiled ahead of time by XLA for the
-topology's chips from abstract inputs (`train.compile_lib`): the train state placed by
+topology's chips from abstract inputs (`train.aot.compile_lib`): the train state placed by
 `--config.mesh_shape` and the logical axis rules, and a batch of the config's shape (its
 longest bucket). No data is read and no parameter is initialised.
 
@@ -36,17 +36,7 @@ from typing import TYPE_CHECKING
 
 from absl import app, flags
 
-from train.cli import (
-    RUN_ERROR,
-    USAGE_ERROR,
-    define_config_flag,
-    die,
-    loaded_config,
-    native_stderr_captured,
-    parse_config_flags,
-    quiet_library_logs,
-)
-from train.compile_costs import (
+from train.aot.compile_costs import (
     CHIPS,
     COLLECTIVES,
     GPUS,
@@ -54,9 +44,18 @@ from train.compile_costs import (
     check_attention_impl,
     chip_of,
 )
+from train.cli import (
+    define_config_flag,
+    die,
+    loaded_config,
+    native_stderr_captured,
+    parse_config_flags,
+    quiet_library_logs,
+)
+from train.run.failures import RUN_ERROR, USAGE_ERROR
 
 if TYPE_CHECKING:
-    from train.compile_lib import TopologyReport
+    from train.aot.compile_lib import TopologyReport
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
@@ -129,7 +128,7 @@ def _step_lines(report: TopologyReport) -> list[str]:
     if train.kernel_bytes:
         accessed += (
             f" + splash kernels' streaming {train.kernel_bytes / report.num_chips:.4g} "
-            "(their tiles re-read, counted from shapes: train/traced_costs.py)"
+            "(their tiles re-read, counted from shapes: train/aot/traced_costs.py)"
         )
     lines = [
         "train step, bytes per chip: "
@@ -249,7 +248,7 @@ def main(argv: list[str]) -> None:
     with native_stderr_captured():  # jax starts (for a valid command only), and its plugins
         import jax
 
-        from train.compile_lib import compile_for_topology
+        from train.aot.compile_lib import compile_for_topology
 
         jax.devices()
 

@@ -8,7 +8,7 @@ The weights of the run's newest checkpoint go to `model.safetensors` (float32) t
 library's exporters (`flax_transformer.export_gpt2` / `export_llama` layouts). A run started
 from pretrained weights (`--config.init_from`) is written as the family it came from, with
 the source's `config.json` (its architecture is the run's) and tokenizer files, and the
-added pad id (`train.hf_tokenizer`) removed again, so the directory has the source's
+added pad id (`train.data.hf_tokenizer`) removed again, so the directory has the source's
 vocabulary and loads wherever the source did. LoRA adapters are merged into the weights
 they adapt (`flax_transformer.merge_lora`), or with `--adapters_only` written alone
 (`adapter_model.safetensors`, `adapter_config.json`) in the names of the PEFT library.
@@ -31,9 +31,11 @@ from absl import app, flags
 
 from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
-from train import pretrained, tools
-from train.cli import USAGE_ERROR, die, parse_flags, quiet_library_logs
-from train.hf_tokenizer import TOKENIZER_FILES
+from train.cli import die, parse_flags, quiet_library_logs
+from train.data.hf_tokenizer import TOKENIZER_FILES
+from train.program import pretrained
+from train.run.failures import USAGE_ERROR
+from train.tools import tools
 
 # Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.
 _VOCAB_TENSORS = {
@@ -58,14 +60,14 @@ def export_run(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.
         ValueError: the run is not a language model, or its model has an option the
             family's layout cannot hold (named).
     """
-    from train.checkpoint import load_trained
+    from train.tools.trained import load_trained
 
     trained = load_trained(workdir)
     return write_trained(trained, workdir, out)
 
 
 def write_trained(trained, workdir, out) -> pathlib.Path:
-    """`export_run` of an already loaded run (`train.checkpoint.TrainedModel`)."""
+    """`export_run` of an already loaded run (`train.tools.trained.TrainedModel`)."""
     if trained.experiment.data.task != "lm":
         raise ValueError(
             f"{workdir} trained task={trained.experiment.data.task!r}; train.export writes "
@@ -137,7 +139,7 @@ def export_adapters(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pat
     """
     from safetensors.numpy import save_file
 
-    from train.checkpoint import load_trained
+    from train.tools.trained import load_trained
 
     trained = load_trained(workdir)
     config, params = trained.model.config, trained.params

@@ -9,7 +9,7 @@ Rerunning a command resumes from its work directory's latest checkpoint.
 Several processes (one per host, or several on one machine: `python -m train.launch_local`)
 run the same command with `--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
-with its own index; see train.distributed and docs/multiprocess.md.
+with its own index; see train.run.distributed and docs/multiprocess.md.
 
 Exit status (train.cli): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
@@ -28,16 +28,8 @@ import sys
 
 from absl import app, flags, logging
 
-from train.cli import (
-    PREEMPTED,
-    RUN_ERROR,
-    USAGE_ERROR,
-    define_config_flag,
-    die,
-    loaded_config,
-    parse_config_flags,
-    quiet_library_logs,
-)
+from train.cli import define_config_flag, die, loaded_config, parse_config_flags, quiet_library_logs
+from train.run.failures import PREEMPTED, RUN_ERROR, USAGE_ERROR
 
 DEFAULT_WORKDIR = "runs/default"
 
@@ -63,7 +55,7 @@ def main(argv: list[str]) -> None:
     config = loaded_config(FLAGS.config)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
-    from train import distributed
+    from train.run import distributed
 
     try:
         settings = distributed.settings_from_env(
@@ -82,8 +74,8 @@ def main(argv: list[str]) -> None:
     if not distributed.is_primary():
         logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
     from train import train_lib
-    from train.cli import Preempted, RunFailure
-    from train.corpora import CorpusNotFoundError
+    from train.data.corpora import CorpusNotFoundError
+    from train.run.failures import Preempted, RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     try:

@@ -5,7 +5,7 @@
         --config.store_dir=/shared/stores/my_corpus --config.vocab_size=32000
 
 It takes the same `--config` and `--config.<field>=` flags as train.main (only the data
-fields matter) and writes the store `--config.store_dir` names (`train.store_prepare`):
+fields matter) and writes the store `--config.store_dir` names (`train.store.store_prepare`):
 worker processes over the cores (`--config.prepare_workers`), a progress bar with tokens/s,
 finished shards kept when rerun. On several machines sharing the directory, run it on each
 with `--part=i/n` (i = 0 ... n - 1): each tokenizes its shards, and the last to finish writes
@@ -23,15 +23,8 @@ import sys
 
 from absl import app, flags, logging
 
-from train.cli import (
-    RUN_ERROR,
-    USAGE_ERROR,
-    define_config_flag,
-    die,
-    loaded_config,
-    parse_config_flags,
-    quiet_library_logs,
-)
+from train.cli import define_config_flag, die, loaded_config, parse_config_flags, quiet_library_logs
+from train.run.failures import RUN_ERROR, USAGE_ERROR
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("part", "0/1", "i/n: prepare shards i, i+n, ... (machine i of n).")
@@ -55,8 +48,8 @@ def main(argv: list[str]) -> None:
         die(f"unexpected arguments {argv[1:]} ; use --flag=value.", USAGE_ERROR)
     config = loaded_config(FLAGS.config)
     quiet_library_logs()
-    from train import config_lib
-    from train.store_prepare import StoreWriteError, prepare_store
+    from train.config import config_lib
+    from train.store.store_prepare import StoreWriteError, prepare_store
 
     try:
         part = _part(FLAGS.part)

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from train.cli import USAGE_ERROR, die, parse_flags, quiet_library_logs
+from train.cli import die, parse_flags, quiet_library_logs
+from train.run.failures import USAGE_ERROR
 
 
 def _define_flags() -> None:
@@ -49,8 +50,8 @@ def sample_prompts(
     Returns:
         Each prompt followed by its continuation, the samples of a prompt together.
     """
-    from train import tools
-    from train.inference import sample_text
+    from train.program.inference import sample_text
+    from train.tools import tools
 
     quiet_library_logs()
     tools.check_positive("num_samples", num_samples)

@@ -1,9 +1,9 @@
 """`train_and_evaluate(config, workdir)`: the training program, importable from a notebook.
 
-One run = one work directory (its files: train.rundir), locked while the run writes it.
+One run = one work directory (its files: train.run.rundir), locked while the run writes it.
 Rerunning the same command resumes from the latest checkpoint, bit-identically on CPU.
 
-In a run of several processes (train.distributed) every process runs this same program on
+In a run of several processes (train.run.distributed) every process runs this same program on
 the same global arrays; only process 0 takes the lock and writes the files above, except the
 checkpoints, which every process writes together.
 
@@ -33,11 +33,12 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
-from train import config_lib, distributed, finetune, input_pipeline, pretrained, steps
-from train.batching import WHOLE_BATCH, RowShare
-from train.checkpoint import Checkpointer
-from train.cli import Preempted
-from train.metrics import (
+from train.config import config_lib
+from train.config.sections import DataConfig, Experiment
+from train.data import input_pipeline
+from train.data.batching import WHOLE_BATCH, RowShare
+from train.program import finetune, pretrained, steps
+from train.program.metrics import (
     MetricsWriter,
     TrainingDivergedError,
     TrainLog,
@@ -46,9 +47,11 @@ from train.metrics import (
     plot_loss_curve,
     progress_bar,
 )
-from train.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
-from train.sections import DataConfig, Experiment
-from train.tasks import Task
+from train.program.tasks import Task
+from train.run import distributed
+from train.run.checkpoint import Checkpointer
+from train.run.failures import Preempted
+from train.run.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
 
 
 def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
@@ -144,9 +147,9 @@ def build_program(
     step reports it (`learning_rate` in its metrics).
 
     Args:
-        experiment: the run's config sections (`train.sections.Experiment`); its model,
+        experiment: the run's config sections (`train.config.sections.Experiment`); its model,
             optimizer, schedule, step and run sections are read.
-        task: its `train.tasks` Task.
+        task: its `train.program.tasks` Task.
         mesh: the device mesh (`make_mesh`).
         vocab_size: the tokenizer's vocabulary size.
         unk_id: the tokenizer's unknown id (the target of word dropout).

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from train.cli import USAGE_ERROR, die, parse_flags, quiet_library_logs
+from train.cli import die, parse_flags, quiet_library_logs
+from train.run.failures import USAGE_ERROR
 
 
 def _define_flags() -> None:
@@ -47,8 +48,8 @@ def translate_sentences(
     Returns:
         One translation per sentence, in order.
     """
-    from train import tools
-    from train.inference import translate
+    from train.program.inference import translate
+    from train.tools import tools
 
     quiet_library_logs()
     experiment = tools.read_experiment(workdir, tool="train.translate")

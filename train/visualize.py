@@ -5,19 +5,19 @@
 
 For a translation run the source is translated greedily (or, with `--target`, the given
 target is fed to the decoder: teacher forcing), then one forward pass over (source, BOS +
-target) records every attention (`train.attention_recording`); for a language model the
+target) records every attention (`train.tools.attention_recording`); for a language model the
 prompt is continued and the whole sequence is passed once. PNG files go to `--out` (default
-`WORKDIR/pictures`), drawn by `train.attention_figures`: encoder_self_attention.png,
+`WORKDIR/pictures`), drawn by `train.tools.attention_figures`: encoder_self_attention.png,
 decoder_self_attention.png, decoder_cross_attention.png and positional_encoding.png.
 
-With `--html` the same example goes into the attention explorer instead (`train.explorer`):
+With `--html` the same example goes into the attention explorer instead (`train.tools.explorer`):
 one interactive, self-contained HTML page; `--out` names the file, default
 `WORKDIR/pictures/explorer.html`:
 
     python -m train.visualize --workdir runs/default --text "In the beginning" --html
 
 What differs between a translation run and a language model (the prompt, how it is decoded,
-whether a target may be given) is the run's `Task` (`train.tasks`).
+whether a target may be given) is the run's `Task` (`train.program.tasks`).
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Any
 from absl import app, flags
 from flax import linen as nn
 
-from train import tools
-from train.attention_figures import render_all
-from train.attention_recording import model_variables
-from train.cli import RUN_ERROR, USAGE_ERROR, RunFailure, die, parse_flags, quiet_library_logs
-from train.explorer import render_explorer
-from train.rundir import RunDir, WorkdirLock
-from train.tasks import Task, get_task
+from train.cli import die, parse_flags, quiet_library_logs
+from train.program.tasks import Task, get_task
+from train.run.failures import RUN_ERROR, USAGE_ERROR, RunFailure
+from train.run.rundir import RunDir, WorkdirLock
+from train.tools import tools
+from train.tools.attention_figures import render_all
+from train.tools.attention_recording import model_variables
+from train.tools.explorer import render_explorer
 
 
 def example_ids(

@@ -1,0 +1,310 @@
+"""The experiment config (ml_collections, `configs/*.py`): its one check-and-convert into
+sections (`validate_config` -> `train.config.sections.Experiment`), what a resumed run must keep of
+it, and the config a run directory recorded (`read_saved`, for the tools that read a trained
+run).
+
+Each section checks its own fields (`train.config.sections`); `validate_config` adds what needs the
+config as a whole (finite numbers, renamed fields) or the task registry (the corpora,
+packings and fields each task accepts). Every check names the field as it is written on the
+command line (`--config.field=value`), so a bad override is fixed where it was made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+
+from flax_transformer import TransformerConfig
+from train.config.sections import (
+    CORPORA,
+    PACKINGS,
+    DataConfig,
+    EvalConfig,
+    Experiment,
+    OptimizerConfig,
+    RunConfig,
+    ScheduleConfig,
+    StepConfig,
+    fail,
+)
+from train.data.tokenizer import PAD_ID, model_vocab_size
+from train.program import finetune, pretrained
+from train.program.tasks import TASKS, owners
+from train.run.failures import DamagedFileError, model_field_error
+from train.run.rundir import RunDir, read_json
+
+__all__ = [
+    "IDENTITY_FIELDS",
+    "PACKINGS",
+    "changed_identity_fields",
+    "model_config",
+    "read_saved",
+    "validate_config",
+]
+
+# Fields that decide the data, vocabulary or parameter shapes: a resumed run must not change
+# them (the checkpoint would not fit, or would silently continue a different experiment).
+# They are the data section's (less its batch shapes), the model section, and the run's seed
+# and PRNG.
+IDENTITY_FIELDS = (*DataConfig.identity_fields(), *RunConfig.IDENTITY, "model")
+
+
+def validate_config(
+    config: ml_collections.ConfigDict, workdir: str | os.PathLike | None = None
+) -> Experiment:
+    """The config's sections, or ValueError for the first field out of range or inconsistent.
+
+    The one checked path from a config to its sections: training, `train.compile`,
+    `train.prepare` and the tools that read a trained run all come through it.
+
+    Args:
+        config: an experiment config (see `configs/default.py` for every field).
+        workdir: the run directory, where a run from pretrained weights keeps its copy of
+            the model's config and tokenizer (`train.program.pretrained.open_source`); None reads
+            `--config.init_from` itself.
+
+    Returns:
+        The `Experiment` (frozen sections) the run reads.
+
+    Raises:
+        ValueError: names the field as `--config.<field>=<value>` and what it must be.
+    """
+    _check_finite(config)
+    if "packed" in config:
+        raise fail(
+            "packed",
+            config.packed,
+            "was renamed --config.packing: packed=True is packing='stream' (lines cut into "
+            "max_len windows), packed=False is packing='none'; packing='segments' packs "
+            "whole examples with attention kept within each. Set packing instead and "
+            "delete packed",
+        )
+    _check_task(config)
+    data = DataConfig.from_config(config)
+    _check_hf_fields(data)
+    if data.init_from:
+        model = _pretrained_model(config, data, workdir)
+    else:
+        model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
+    optimizer = OptimizerConfig.from_config(config)
+    if optimizer.freeze or optimizer.pretrained_lr_scale != 1.0:
+        finetune.check_freeze(optimizer, model, bool(data.init_from))
+    run = RunConfig.from_config(config)  # before the schedule, which counts its updates
+    return Experiment(
+        data=data,
+        model=model,
+        optimizer=optimizer,
+        schedule=ScheduleConfig.from_config(config, optimizer, run),
+        step=StepConfig.from_config(config),
+        eval=EvalConfig.from_config(config),
+        run=run,
+    )
+
+
+def _pretrained_model(
+    config: ml_collections.ConfigDict, data: DataConfig, workdir: str | os.PathLike | None
+) -> TransformerConfig:
+    """The model of `--config.init_from`'s directory with the run's own model choices
+    (`train.program.pretrained.merge_model_config`), checked against the data fields."""
+    if data.task != "lm":
+        raise fail("task", data.task, "init_from starts a decoder-only model: use task='lm'")
+    source = pretrained.open_source(data.init_from, workdir)
+    model = pretrained.merge_model_config(source, dict(config.model))
+    if data.max_len > model.max_len:
+        raise fail(
+            "max_len",
+            data.max_len,
+            f"the pretrained model at {data.init_from} holds sequences of at most "
+            f"{model.max_len} tokens; choose max_len <= {model.max_len}",
+        )
+    return model
+
+
+def _check_task(config: ml_collections.ConfigDict) -> None:
+    """What the config's task accepts: its corpora and packings, and no field that applies
+    to another task only (which must stay 0).
+
+    It runs before the data section is made, as these were the first checks of a field; a
+    corpus or packing that no task knows is left to the section, which names the choices.
+    """
+    if config.task not in TASKS:
+        raise fail("task", config.task, f"must be one of {tuple(TASKS)}")
+    task = TASKS[config.task]
+    if config.corpus in CORPORA and config.corpus not in task.corpora:
+        raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
+    if config.packing in PACKINGS and config.packing not in task.packings:
+        raise fail(
+            "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
+        )
+    others = {f for other in TASKS.values() for f in other.own_fields} - set(task.own_fields)
+    for field in sorted(others):
+        if config[field]:
+            raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
+
+
+def _check_hf_fields(data: DataConfig) -> None:
+    """A Hugging Face row gives as many fields as the task's examples hold (checked once the
+    section has named a missing dataset)."""
+    task = TASKS[data.task]
+    if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
+        raise fail(
+            "hf_fields",
+            data.hf_fields,
+            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
+        )
+
+
+def model_config(
+    config: ml_collections.ConfigDict, vocab_size: int, pad_id: int = PAD_ID
+) -> TransformerConfig:
+    """The one conversion of `config.model` (+ data fields) into a TransformerConfig.
+
+    Args:
+        config: an experiment config.
+        vocab_size: the tokenizer's vocabulary size (shared by source and target).
+        pad_id: the tokenizer's pad id.
+
+    Returns:
+        The frozen model config, with max_len = config.max_len and pad_id = the tokenizer's.
+
+    Raises:
+        ValueError: an unknown or invalid model field, named as `--config.model.<field>`.
+    """
+    fields = dict(config.model)
+    known = set(TransformerConfig.__dataclass_fields__)
+    for name in fields:
+        if name not in known or name in ("vocab_size", "max_len", "pad_id"):
+            raise ValueError(
+                f"--config.model.{name}: not a TransformerConfig field settable here; "
+                f"vocab_size, max_len and pad_id come from the data fields (--config.vocab_size, "
+                f"--config.max_len)."
+            )
+    try:
+        return TransformerConfig(
+            vocab_size=vocab_size, max_len=config.max_len, pad_id=pad_id, **fields
+        )
+    except ValueError as err:
+        raise model_field_error(err, ("vocab_size", "max_len")) from err
+
+
+def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
+    """Raises ValueError for a NaN or infinite float anywhere in `config` (nested included).
+
+    Range checks cannot catch these: every comparison with NaN is False.
+    """
+    for field, value in config.items():
+        if isinstance(value, ml_collections.ConfigDict):
+            _check_finite(value, f"{prefix}{field}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise fail(f"{prefix}{field}", value, "must be a finite number")
+
+
+def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved config with today's names: `packed` (a bool) became `packing`."""
+    saved = dict(saved)
+    if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
+        saved["packing"] = "stream" if saved.get("packed") else "none"
+    return saved
+
+
+def read_saved(
+    workdir: str | os.PathLike,
+) -> tuple[ml_collections.ConfigDict, Experiment]:
+    """The config a run recorded in `workdir/config.json`, and its checked sections.
+
+    A config.json written by an earlier version of the program lacks the fields added since:
+    they take `configs/default.py`'s values, and a model field the model's default (as
+    `changed_identity_fields` compares them); `packed` is read as today's `packing`.
+
+    Args:
+        workdir: a run directory written by `train.main`.
+
+    Returns:
+        (the config as the run wrote it, defaults filled in; `validate_config` of it).
+
+    Raises:
+        FileNotFoundError: no config.json in `workdir`.
+        DamagedFileError: config.json is empty or not JSON (a RunFailure and a ValueError).
+        ValueError: a recorded value fails today's checks; names config.json and the field.
+    """
+    from configs import default  # the package's own configs, imported only when needed
+
+    run = RunDir(workdir)
+    path = run.config
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} not found: {run.path} is not a training run directory ; train with "
+            f"`python -m train.main --workdir {run.path}` first."
+        )
+    fix = (
+        f"delete it and rerun `python -m train.main --workdir {run.path}` with the run's "
+        "--config and overrides: it is rewritten and the run resumes"
+    )
+    saved = read_json(path, fix)
+    if not isinstance(saved, dict):
+        raise DamagedFileError(f"{path} holds no JSON object ; {fix}")
+    saved = _renamed(saved)
+    saved.pop("packed", None)
+    config = ml_collections.ConfigDict({**default.get_config().to_dict(), **saved})
+    try:
+        return config, validate_config(config, workdir=run.path)
+    except ValueError as err:
+        raise ValueError(
+            f"{path} records {err} ; correct the value in the file (this version of the "
+            "program refuses it), or retrain."
+        ) from None
+
+
+def _as_json(value: Any) -> Any:
+    """A value as config.json gives it back: tuples become lists."""
+    if isinstance(value, tuple | list):
+        return [_as_json(v) for v in value]
+    return value
+
+
+def changed_identity_fields(
+    saved: Mapping[str, Any], current: ml_collections.ConfigDict
+) -> list[str]:
+    """Fields in IDENTITY_FIELDS whose value differs between a saved config and this one.
+
+    Args:
+        saved: the config of an earlier run as a dict (`config.to_dict()`, via JSON).
+        current: this run's config.
+
+    Returns:
+        Names like 'model.d_model' or 'vocab_size', empty when the run may resume.
+    """
+    now = current.to_dict()
+    saved = _renamed(saved)
+    # A model field that an older config.json lacks had the model's default then.
+    model_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(TransformerConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    # A data field that an older config.json lacks had its section default then (as
+    # `DataConfig.from_config` reads it).
+    data_defaults = {
+        f.name: f.default
+        for f in dataclasses.fields(DataConfig)
+        if f.default is not dataclasses.MISSING
+    }
+    changed = []
+    for field in IDENTITY_FIELDS:
+        old, new = saved.get(field, data_defaults.get(field)), now.get(field)
+        if isinstance(new, dict):
+            old = old or {}
+            defaults = model_defaults if field == "model" else {}
+            changed += [
+                f"{field}.{k}"
+                for k in sorted(set(old) | set(new))
+                if _as_json(old.get(k, defaults.get(k))) != _as_json(new.get(k, defaults.get(k)))
+            ]
+        elif _as_json(old) != _as_json(new):
+            changed.append(field)
+    return changed

@@ -1,0 +1,728 @@
+"""The experiment config in sections: what each part of a run reads, frozen and checked.
+
+The ConfigDict of `configs/*.py` stays the user's interface (files, `--config.field=value`
+overrides, `config.json` in the run directory). `train.config.config_lib.validate_config` turns it,
+once, at the top of a run, into one frozen section per job:
+
+    data       DataConfig            corpus, split, tokenizer, lengths, packing, batch sizes
+    model      TransformerConfig     `config.model` + vocab_size, max_len and pad_id
+    optimizer  OptimizerConfig       Adam(W), clipping, gradient accumulation: `build(schedule)`
+    schedule   ScheduleConfig        the learning rate over updates: `build()`
+    step       StepConfig            the train step's loss and input noise
+    eval       EvalConfig            validation, BLEU and samples; `decode` is a DecodeOptions
+    run        RunConfig             how long, how often, where: seed, PRNG, mesh, checkpoints
+
+Each section checks its own fields when it is made, and names a bad one as it is written on
+the command line (`--config.field=value`), so an override is fixed where it was made. What
+depends on the task registry (the corpora, packings and fields a task accepts) is checked
+by `validate_config`, above the registry: this module imports nothing of `train/`, so the
+tasks and the decoding may read the sections without a circle. Every function of the
+program receives the section it reads, never the whole config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from flax_transformer import Beam, Greedy, Sample, TransformerConfig
+
+CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
+TOKENIZERS = ("sentencepiece", "byte", "pretrained")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("rsqrt", "cosine", "constant")
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+DIRECTIONS = ("ja-en", "en-ja")
+PACKINGS = ("none", "segments", "stream")
+# A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
+# one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
+LOSSLESS_SPM_MIN_VOCAB = 4 + 256
+# What a document of a plain-text file is (train.data.corpora.TEXT_DOCUMENTS).
+TEXT_DOCUMENTS = ("lines", "paragraphs", "file")
+
+
+def fail(field: str, value: Any, expected: str) -> ValueError:
+    """The error for a bad config value: `--config.<field>=<value>: <expected>.`"""
+    return ValueError(f"--config.{field}={value!r}: {expected}.")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_positive_ints(section, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if not _is_int(value) or value < 1:
+            raise fail(name, value, "must be a positive integer")
+
+
+def _check_non_negative_ints(section, *names: str) -> None:
+    for name in names:
+        value = getattr(section, name)
+        if not _is_int(value) or value < 0:
+            raise fail(name, value, "must be a non-negative integer")
+
+
+def _check_choice(section, name: str, allowed: tuple) -> None:
+    if getattr(section, name) not in allowed:
+        raise fail(name, getattr(section, name), f"must be one of {allowed}")
+
+
+def _check_non_negative(section, *names: str) -> None:
+    for name in names:
+        if getattr(section, name) < 0:
+            raise fail(name, getattr(section, name), "must be non-negative")
+
+
+def _check_fraction(section, name: str) -> None:
+    """A share in [0, 1)."""
+    if not 0.0 <= getattr(section, name) < 1.0:
+        raise fail(name, getattr(section, name), "must be in [0, 1)")
+
+
+class _ReadByName:
+    """A section whose fields are config fields of the same names."""
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict):
+        """The section made from the config's fields of the same names (checked when made); a
+        field with a default that the config lacks (a config.json older than the field) takes
+        the default."""
+        return cls(
+            **{
+                f.name: config[f.name]
+                if f.name in config or f.default is dataclasses.MISSING
+                else f.default
+                for f in dataclasses.fields(cls)
+            }
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig(_ReadByName):
+    """What the examples are and how they become batches (`train.data.input_pipeline`).
+
+    Attributes: the config fields of the same names (`configs/default.py` documents each).
+    `bucket_lengths`, `tokens_per_batch` and `batch_size` only shape the batches, so a resumed
+    run may change them; every other field decides the examples or the vocabulary, and a
+    resumed run must keep it (`identity_fields`).
+    """
+
+    task: str
+    corpus: str
+    corpus_path: str
+    direction: str
+    hf_dataset: str
+    hf_config: str
+    hf_split: str
+    hf_fields: str
+    valid_fraction: float
+    test_fraction: float
+    copied_targets: float
+    tokenizer: str
+    vocab_size: int
+    max_len: int
+    packing: str
+    bucket_lengths: tuple[int, ...]
+    tokens_per_batch: int
+    batch_size: int
+    # How documents are read (None: the task's default, see `collapses_whitespace`), and the
+    # user's own validation and test files ('' : held out from the corpus by hash).
+    collapse_whitespace: bool | None = None
+    text_documents: str = "lines"
+    valid_path: str = ""
+    test_path: str = ""
+    # The token store (train.store.token_store); '' reads the corpus in memory at every start.
+    store_dir: str = ""
+    text_field: str = "text"
+    store_sample_chars: int = 10_000_000
+    store_shard_bytes: int = 64 << 20
+    prepare_workers: int = 0
+    loader_threads: int = 4
+    # A pretrained model directory (train.program.pretrained): its weights start the run and its
+    # tokenizer is the run's (tokenizer='pretrained').
+    init_from: str = ""
+    # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
+    text_in_memory: bool = False
+
+    BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
+    # The tasks whose documents are kept verbatim when collapse_whitespace is None: a
+    # language model learns the text as given; translation collapses whitespace, as its
+    # shipped corpora and scores were made (the default run's BLEU stays as it was).
+    VERBATIM_TASKS: ClassVar[tuple[str, ...]] = ("lm",)
+    # Where the data is and how it is read: a resumed run may change them (the store's own
+    # content fingerprint, not its path, tells whether the data is the same).
+    STORE: ClassVar[tuple[str, ...]] = (
+        "store_dir",
+        "text_field",
+        "store_sample_chars",
+        "store_shard_bytes",
+        "prepare_workers",
+        "loader_threads",
+        "text_in_memory",
+    )
+
+    @classmethod
+    def identity_fields(cls) -> tuple[str, ...]:
+        """The fields a resumed run must keep: all but the batch shapes and the store's."""
+        return tuple(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name not in cls.BATCHING and f.name not in cls.STORE
+        )
+
+    @property
+    def collapses_whitespace(self) -> bool:
+        """Whether each document's whitespace runs are collapsed to one space:
+        `collapse_whitespace`, or where it is None the task's default (`VERBATIM_TASKS`)."""
+        if self.collapse_whitespace is None:
+            return self.task not in self.VERBATIM_TASKS
+        return self.collapse_whitespace
+
+    @property
+    def hash_fractions(self) -> tuple[float, float]:
+        """(validation, test) shares the hash split holds out of the corpus: 0 for a part
+        read from its own file (`valid_path`, `test_path`)."""
+        return (
+            0.0 if self.valid_path else self.valid_fraction,
+            0.0 if self.test_path else self.test_fraction,
+        )
+
+    @property
+    def hf_field_paths(self) -> list[str]:
+        """`hf_fields` split at its commas: one dotted path per example field."""
+        return [f for f in self.hf_fields.split(",") if f]
+
+    def __post_init__(self):
+        object.__setattr__(self, "bucket_lengths", tuple(self.bucket_lengths))
+        for name, allowed in (
+            ("corpus", CORPORA),
+            ("tokenizer", TOKENIZERS),
+            ("direction", DIRECTIONS),
+            ("packing", PACKINGS),
+        ):
+            _check_choice(self, name, allowed)
+        _check_positive_ints(self, "vocab_size", "max_len")
+        _check_non_negative_ints(self, "batch_size", "tokens_per_batch")
+        self._check_corpus()
+        self._check_batching()
+        for name in ("valid_fraction", "test_fraction"):
+            _check_fraction(self, name)
+        if self.valid_fraction <= 0 and not self.valid_path:
+            raise fail(
+                "valid_fraction",
+                self.valid_fraction,
+                "must be > 0 (validation is needed), or name a --config.valid_path",
+            )
+        self._check_documents()
+        if not 0.0 <= self.copied_targets <= 1.0:
+            raise fail("copied_targets", self.copied_targets, "must be in [0, 1]")
+        if self.tokenizer == "sentencepiece" and self.vocab_size <= 4:
+            raise fail("vocab_size", self.vocab_size, "must exceed the 4 special ids")
+        if self.tokenizer == "pretrained" and not self.init_from:
+            raise fail(
+                "init_from",
+                self.init_from,
+                "tokenizer='pretrained' reads the tokenizer of a pretrained model: give its "
+                "Hugging Face directory (config.json, model.safetensors, tokenizer.json)",
+            )
+        if self.init_from and self.tokenizer != "pretrained":
+            raise fail(
+                "tokenizer",
+                self.tokenizer,
+                "a pretrained model reads text with its own tokenizer: set "
+                "--config.tokenizer='pretrained' with --config.init_from",
+            )
+        if not isinstance(self.text_in_memory, bool):
+            raise fail("text_in_memory", self.text_in_memory, "must be True or False")
+        if (
+            self.tokenizer == "sentencepiece"
+            and not self.collapses_whitespace
+            and self.vocab_size <= LOSSLESS_SPM_MIN_VOCAB
+        ):
+            raise fail(
+                "vocab_size",
+                self.vocab_size,
+                f"must exceed {LOSSLESS_SPM_MIN_VOCAB} for task={self.task!r}: its documents "
+                "are kept verbatim, so SentencePiece is lossless and holds 4 special ids and "
+                "256 byte pieces besides one piece per character; raise it, or set "
+                "--config.tokenizer=byte (or --config.collapse_whitespace=True for the old, "
+                "normalising tokenizer)",
+            )
+        if self.store_dir:
+            self._check_store()
+
+    def _check_store(self) -> None:
+        """A token store holds one-sided documents read as max_len windows."""
+        if self.task != "lm":
+            raise fail(
+                "store_dir",
+                self.store_dir,
+                "a token store feeds task='lm' ; set --config.store_dir='' for translation",
+            )
+        if self.corpus not in ("text", "kjv"):
+            raise fail(
+                "corpus",
+                self.corpus,
+                "a token store is prepared from 'text' (files, a glob) or 'kjv' ; set "
+                "--config.store_dir='' to read this corpus in memory",
+            )
+        if self.packing not in ("stream", "segments"):
+            raise fail(
+                "packing",
+                self.packing,
+                "a token store is read as max_len windows: 'stream', or 'segments' (the same "
+                "windows, attention kept within each document)",
+            )
+        _check_positive_ints(
+            self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
+        )
+        _check_non_negative_ints(self, "prepare_workers")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise fail("text_field", self.text_field, "must name the JSON field of the text")
+
+    def _check_documents(self) -> None:
+        if not (self.collapse_whitespace is None or isinstance(self.collapse_whitespace, bool)):
+            raise fail(
+                "collapse_whitespace",
+                self.collapse_whitespace,
+                "must be True, False, or None (the task's default)",
+            )
+        _check_choice(self, "text_documents", TEXT_DOCUMENTS)
+        for name in ("valid_path", "test_path"):
+            if not isinstance(getattr(self, name), str):
+                raise fail(name, getattr(self, name), "must be a file path (or '' for none)")
+        if self.valid_path and self.valid_path == self.test_path:
+            raise fail(
+                "test_path", self.test_path, "is also --config.valid_path; name another file"
+            )
+
+    def _check_corpus(self) -> None:
+        if self.corpus in ("tsv", "text") and not self.corpus_path:
+            raise fail("corpus_path", self.corpus_path, f"corpus={self.corpus!r} needs a file path")
+        if self.corpus == "hf" and not self.hf_dataset:
+            raise fail("hf_dataset", self.hf_dataset, "corpus='hf' needs a dataset name")
+
+    def _check_batching(self) -> None:
+        if (self.batch_size == 0) == (self.tokens_per_batch == 0):
+            raise ValueError(
+                f"--config.batch_size={self.batch_size} and "
+                f"--config.tokens_per_batch={self.tokens_per_batch}: set exactly one of them > 0."
+            )
+        if self.packing == "stream" and self.batch_size == 0:
+            raise fail("batch_size", self.batch_size, "packing='stream' needs batch_size > 0")
+        lengths = self.bucket_lengths
+        if lengths and (
+            not all(_is_int(n) and n > 0 for n in lengths)
+            or list(lengths) != sorted(set(lengths))
+            or lengths[-1] != self.max_len
+        ):
+            raise fail(
+                "bucket_lengths",
+                lengths,
+                f"must be increasing positive ints ending with max_len={self.max_len}, or ()",
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning rate as a function of the optimizer update count.
+
+    Attributes:
+        schedule: 'rsqrt', 'cosine' or 'constant' (see `build`).
+        learning_rate: the peak rate, reached at the end of warm-up.
+        warmup_steps: linear warm-up, in updates.
+        num_updates: updates in the whole run (`num_train_steps // grad_accum_steps`, at least
+            1): where the cosine reaches 0.
+        fine_tuning: the run starts from pretrained weights (`--config.init_from`), where a
+            learning rate of 0 is allowed (to evaluate and sample the pretrained model as is).
+    """
+
+    schedule: str
+    learning_rate: float
+    warmup_steps: int
+    num_updates: int
+    fine_tuning: bool = False
+
+    @classmethod
+    def from_config(
+        cls, config: ml_collections.ConfigDict, optimizer: OptimizerConfig, run: RunConfig
+    ) -> ScheduleConfig:
+        """The schedule's fields of the config; the update count from the optimizer and run
+        sections, which have checked `grad_accum_steps` and `num_train_steps`."""
+        return cls(
+            schedule=config.schedule,
+            learning_rate=config.learning_rate,
+            warmup_steps=config.warmup_steps,
+            num_updates=max(run.num_train_steps // optimizer.grad_accum_steps, 1),
+            fine_tuning=bool(config.get("init_from")),
+        )
+
+    def __post_init__(self):
+        _check_choice(self, "schedule", SCHEDULES)
+        _check_non_negative_ints(self, "warmup_steps")
+        _check_non_negative(self, "learning_rate")
+        if self.learning_rate == 0 and not self.fine_tuning:
+            raise fail(
+                "learning_rate",
+                self.learning_rate,
+                "must be > 0 (0 is allowed with --config.init_from, to evaluate a pretrained "
+                "model unchanged)",
+            )
+
+    def build(self) -> optax.Schedule:
+        """Learning rate as a function of the optimizer update count (from 0).
+
+        - 'rsqrt' (Vaswani et al. 2017, eq. 3, with the peak as a parameter): linear warm-up
+          to `learning_rate` over `warmup_steps`, then `learning_rate * sqrt(warmup_steps / t)`.
+          The paper's `d_model**-0.5 * min(t**-0.5, t * warmup**-1.5)` is this schedule with
+          `learning_rate = (d_model * warmup_steps) ** -0.5`.
+        - 'cosine': linear warm-up, then cosine decay to 0 at the last update.
+        - 'constant': linear warm-up, then constant.
+        The first update (count 0) already gets `learning_rate / warmup_steps`, not 0.
+
+        Returns:
+            An optax schedule (update count -> learning rate).
+        """
+        peak, warmup, kind, total = (
+            self.learning_rate,
+            self.warmup_steps,
+            self.schedule,
+            self.num_updates,
+        )
+
+        def schedule(count):
+            t = jnp.asarray(count, jnp.float32) + 1.0  # the update being made, from 1
+            warm = jnp.minimum(t / warmup, 1.0) if warmup else 1.0
+            if kind == "constant":
+                return peak * warm
+            if kind == "cosine":
+                progress = jnp.clip((t - warmup) / max(total - warmup, 1), 0.0, 1.0)
+                return peak * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+            decay = jnp.sqrt(max(warmup, 1) / jnp.maximum(t, max(warmup, 1)))
+            return peak * warm * decay
+
+        return schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig(_ReadByName):
+    """Global-norm clipping, then Adam or AdamW; gradient accumulation; for fine-tuning,
+    parameter groups frozen or trained at a lower rate (`build`).
+
+    Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
+    take effect with `--config.init_from` (`train.program.finetune` gives each parameter its group).
+    """
+
+    optimizer: str
+    b1: float
+    b2: float
+    eps: float
+    weight_decay: float
+    grad_clip_norm: float
+    grad_accum_steps: int
+    freeze: str = ""
+    pretrained_lr_scale: float = 1.0
+
+    def __post_init__(self):
+        _check_choice(self, "optimizer", OPTIMIZERS)
+        _check_positive_ints(self, "grad_accum_steps")
+        _check_non_negative(self, "b1", "b2", "eps", "weight_decay", "grad_clip_norm")
+        if not _is_real(self.pretrained_lr_scale) or not 0 <= self.pretrained_lr_scale <= 1:
+            raise fail(
+                "pretrained_lr_scale",
+                self.pretrained_lr_scale,
+                "must be in [0, 1]: the pretrained parameters' share of the learning rate",
+            )
+
+    def _adam(self, schedule: optax.Schedule) -> optax.GradientTransformation:
+        if self.optimizer == "adamw":
+            return optax.adamw(
+                schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay
+            )
+        return optax.adam(schedule, b1=self.b1, b2=self.b2, eps=self.eps)
+
+    def build(
+        self, schedule: optax.Schedule, param_labels: Any = None
+    ) -> optax.GradientTransformation:
+        """The optax transformation on `schedule` (`ScheduleConfig.build`).
+
+        With `grad_accum_steps = k > 1`, `optax.MultiSteps` averages k micro-batch gradients
+        and updates the parameters on every k-th call (the schedule counts updates, not calls).
+
+        Args:
+            schedule: the learning rate over updates.
+            param_labels: None (every parameter trains at `schedule`), or a callable from
+                the parameters to a tree of labels (`train.program.finetune.param_labels`): 'train'
+                at the full rate, 'pretrained' at `pretrained_lr_scale` of it, 'frozen' not
+                updated and holding no optimizer state (`optax.multi_transform`). Frozen
+                gradients are zeroed before clipping, so they do not count in its norm.
+        """
+        if param_labels is None:
+            opt = self._adam(schedule)
+            if self.grad_clip_norm:
+                opt = optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), opt)
+        else:
+            scale = self.pretrained_lr_scale
+            groups = {
+                "train": self._adam(schedule),
+                "pretrained": self._adam(lambda count: scale * schedule(count)),
+                "frozen": optax.set_to_zero(),
+            }
+            zero_frozen = optax.multi_transform(
+                {
+                    "train": optax.identity(),
+                    "pretrained": optax.identity(),
+                    "frozen": optax.set_to_zero(),
+                },
+                param_labels,
+            )
+            parts = [zero_frozen]
+            if self.grad_clip_norm:
+                parts.append(optax.clip_by_global_norm(self.grad_clip_norm))
+            opt = optax.chain(*parts, optax.multi_transform(groups, param_labels))
+        if self.grad_accum_steps > 1:
+            opt = optax.MultiSteps(opt, every_k_schedule=self.grad_accum_steps)
+        return opt
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig(_ReadByName):
+    """What the train step does besides the update (`train.program.steps.train_step`).
+
+    Attributes:
+        label_smoothing: paper 5.4; validation is reported without it.
+        target_token_dropout: the rate of decoder inputs replaced by <unk> (translation only).
+    """
+
+    label_smoothing: float
+    target_token_dropout: float
+
+    def __post_init__(self):
+        _check_fraction(self, "label_smoothing")
+        _check_fraction(self, "target_token_dropout")
+
+
+class DecodeOptionError(ValueError):
+    """A decoding option out of range: `option=value: expected.`
+
+    `named(name)` is the same error under the name the user wrote: `--config.beam_size` for
+    the experiment config (`DecodeOptions.from_config`), `--beam_size` for a tool's flag.
+    """
+
+    def __init__(self, option: str, value: Any, expected: str):
+        super().__init__(f"{option}={value!r}: {expected}.")
+        self.option, self.value, self.expected = option, value, expected
+
+    def named(self, name: str) -> ValueError:
+        """The error with the option called `name` (e.g. `--config.decode_batch_size`)."""
+        return ValueError(f"{name}={self.value!r}: {self.expected}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """How to decode; the defaults are those of `configs/default.py`.
+
+    Every option is checked when the options are made (or `dataclasses.replace`d): a bad one
+    raises `DecodeOptionError`, which `from_config` names as the config field it came from.
+
+    Attributes:
+        max_len: the model's longest sequence (sources, and prompt + continuation).
+        bucket_lengths: source lengths padded to (few shapes compile); () = powers of two
+            from 8, then max_len.
+        batch_size: sentences translated together.
+        max_decode_len: tokens generated at most; 0 = as many as fit; less than max_len.
+        beam_size: beam width; 1 = greedy.
+        length_penalty: beam search length penalty alpha (GNMT), >= 0.
+        temperature: sampling temperature; 0 = greedy.
+        top_k: sample among the k most likely tokens; 0 = all.
+        top_p: nucleus sampling mass in (0, 1]; 1 = off.
+        seed: the sampling key's seed when no key is given; non-negative.
+    """
+
+    max_len: int
+    bucket_lengths: tuple[int, ...] = ()
+    batch_size: int = 64
+    max_decode_len: int = 0
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    # The experiment-config field each option is read from.
+    CONFIG_FIELDS: ClassVar[Mapping[str, str]] = {
+        "max_len": "max_len",
+        "bucket_lengths": "bucket_lengths",
+        "batch_size": "decode_batch_size",
+        "max_decode_len": "max_decode_len",
+        "beam_size": "beam_size",
+        "length_penalty": "length_penalty",
+        "temperature": "temperature",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "seed": "seed",
+    }
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> DecodeOptions:
+        """The options an experiment config sets.
+
+        Raises:
+            ValueError: an option out of range, named as `--config.<field>=<value>`.
+        """
+        values = {option: config[field] for option, field in cls.CONFIG_FIELDS.items()}
+        values["bucket_lengths"] = tuple(values["bucket_lengths"])
+        try:
+            return cls(**values)
+        except DecodeOptionError as err:
+            raise err.named(f"--config.{cls.CONFIG_FIELDS[err.option]}") from None
+
+    def __post_init__(self):
+        for name, low, what in (
+            ("max_len", 1, "must be a positive integer"),
+            ("batch_size", 1, "must be a positive integer"),
+            ("beam_size", 1, "must be a positive integer"),
+            ("max_decode_len", 0, "must be a non-negative integer"),
+            ("top_k", 0, "must be a non-negative integer"),
+            ("seed", 0, "must be a non-negative integer"),
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value < low:
+                raise DecodeOptionError(name, value, what)
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise DecodeOptionError("top_p", self.top_p, "must be in (0, 1]")
+        for name, meaning in (("temperature", "0 = greedy"), ("length_penalty", "0 = none")):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):  # NaN passes every comparison
+                raise DecodeOptionError(name, value, f"must be a finite number >= 0 ({meaning})")
+            if value < 0:
+                raise DecodeOptionError(name, value, f"must be >= 0 ({meaning})")
+        if self.max_decode_len >= self.max_len:
+            raise DecodeOptionError(
+                "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
+            )
+
+    def translation_strategy(self) -> Greedy | Beam:
+        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
+        if self.beam_size > 1:
+            return Beam(self.beam_size, self.length_penalty)
+        return Greedy()
+
+    def text_strategy(self) -> Greedy | Sample:
+        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
+        which has nothing for top_k/top_p to filter, so the run's values go unused."""
+        if self.temperature > 0:
+            return Sample(self.temperature, self.top_k, self.top_p)
+        return Greedy()
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Validation, BLEU and the samples of the final report (`train.program.tasks`,
+    `train.program.inference`).
+
+    Attributes:
+        num_eval_batches: validation batches per evaluation; 0 = all.
+        bleu_examples, bleu_tokenize, report_beam_size, copy_baseline, num_samples,
+            sample_prompts: the config fields of the same names.
+        decode: how to decode (beam size, length penalty, sampling, batch size...).
+    """
+
+    num_eval_batches: int
+    bleu_examples: int
+    bleu_tokenize: str
+    report_beam_size: int
+    copy_baseline: bool
+    num_samples: int
+    sample_prompts: tuple[str, ...]
+    decode: DecodeOptions
+
+    @classmethod
+    def from_config(cls, config: ml_collections.ConfigDict) -> EvalConfig:
+        """The eval section; the decoding options check themselves (`DecodeOptions`) and
+        are named as the config fields they come from."""
+        return cls(
+            num_eval_batches=config.num_eval_batches,
+            bleu_examples=config.bleu_examples,
+            bleu_tokenize=config.bleu_tokenize,
+            report_beam_size=config.report_beam_size,
+            copy_baseline=config.copy_baseline,
+            num_samples=config.num_samples,
+            sample_prompts=tuple(config.sample_prompts),
+            decode=DecodeOptions.from_config(config),
+        )
+
+    def __post_init__(self):
+        _check_positive_ints(self, "report_beam_size")
+        _check_non_negative_ints(self, "num_eval_batches", "bleu_examples", "num_samples")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig(_ReadByName):
+    """How long the run is, what it does when, and where: the training loop's section.
+
+    Attributes:
+        num_train_steps: micro-batch steps in total.
+        seed: parameters, dropout and data order all derive from it.
+        rng_impl: the dropout PRNG ('threefry2x32', 'rbg', 'unsafe_rbg').
+        mesh_shape: the (data, fsdp, tensor) device mesh; -1 = the devices left.
+        log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
+            keep_checkpoints, async_checkpoints: the config fields of the same names.
+    """
+
+    num_train_steps: int
+    seed: int
+    rng_impl: str
+    mesh_shape: tuple[int, ...]
+    log_every_steps: int
+    eval_every_steps: int
+    bleu_every_steps: int
+    checkpoint_every_steps: int
+    keep_checkpoints: int
+    async_checkpoints: bool
+
+    # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
+    IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
+
+    def __post_init__(self):
+        object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
+        _check_choice(self, "rng_impl", RNG_IMPLS)
+        _check_positive_ints(
+            self,
+            "num_train_steps",
+            "log_every_steps",
+            "eval_every_steps",
+            "checkpoint_every_steps",
+            "keep_checkpoints",
+        )
+        _check_non_negative_ints(self, "bleu_every_steps", "seed")
+        if not isinstance(self.async_checkpoints, bool):
+            raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """A whole run's config, one section per job (see the module docstring); made from a
+    config by `train.config.config_lib.validate_config`, which also checks the sections against the
+    task they train."""
+
+    data: DataConfig
+    model: TransformerConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    step: StepConfig
+    eval: EvalConfig
+    run: RunConfig

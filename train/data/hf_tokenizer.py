@@ -1,0 +1,175 @@
+"""A pretrained model's own tokenizer (`--config.tokenizer='pretrained'`): its
+`tokenizer.json`, read with the `tokenizers` library (Hugging Face's Rust tokenizers; not
+`transformers`).
+
+The ids are the model's: a GPT-2 byte-level BPE id means what it meant in pretraining. Only
+the special ids need a decision (`train.data.tokenizer.SpecialIds`):
+
+- **bos / eos**: the model's own, from `config.json` (`bos_token_id`, `eos_token_id`), else
+  from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). GPT-2
+  has one token for both, `<|endoftext|>` (50256): every sequence is framed
+  `[bos, text..., eos]` all the same, so a document is `<|endoftext|> text <|endoftext|>`.
+- **pad**: GPT-2 and Llama have no pad token that never occurs in text (a `pad_token_id`,
+  where set, is often EOS or `<unk>`), and our models mask every `pad_id` key. As the
+  library's importers do (`flax_transformer.interop.load_gpt2`, `load_llama`), the model
+  gets one more id, `pad = V` (the checkpoint's vocabulary size), with a zero embedding row:
+  `vocab_size = V + 1`. No text ever encodes to it; `train.export` drops it again.
+- **unk**: the tokenizer's unknown token if it has one, else the pad id (only the
+  translation task's word dropout writes it; byte-level BPE never needs it).
+
+`encode` adds no special tokens (the batching frames sequences); `decode` drops pad, bos and
+eos and keeps every other token, so a byte-level BPE round-trips any text exactly
+(newlines, indentation, emoji).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+from train.data.tokenizer import SpecialIds, _check_decodable
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Files of a Hugging Face tokenizer copied with a run (`train.program.pretrained.snapshot`) and
+# written by `train.export`.
+TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
+
+def _token_id(tokenizer: Any, token: Any) -> int | None:
+    """The id of a special token as tokenizer_config.json writes it (a string, or a dict
+    with 'content'), or None."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    if not isinstance(token, str):
+        return None
+    return tokenizer.token_to_id(token)
+
+
+def _first_int(*values: Any) -> int | None:
+    for value in values:
+        if isinstance(value, list) and value:  # Llama 3 lists several eos ids
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+class PretrainedTokenizer:
+    """A Hugging Face `tokenizer.json` behind the program's tokenizer interface
+    (`train.data.tokenizer.Tokenizer`).
+
+    Attributes:
+        specials: pad (the added id V), bos, eos, unk; see the module docstring.
+        directory: where `tokenizer.json` was read.
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, model_vocab_size: int, pad_id: int):
+        """Reads `directory/tokenizer.json` and the special ids.
+
+        Args:
+            directory: a Hugging Face model directory (or a run's copy of its tokenizer).
+            model_vocab_size: the model's vocabulary, the added pad id included (V + 1).
+            pad_id: the model's pad id (V for an imported checkpoint).
+
+        Raises:
+            ValueError: no tokenizer.json, the `tokenizers` package missing, a tokenizer with
+                more ids than the model has, or no BOS/EOS to be found.
+        """
+        self.directory = pathlib.Path(directory)
+        path = self.directory / TOKENIZER_FILE
+        if not path.is_file():
+            raise ValueError(
+                f"{path} not found: --config.tokenizer='pretrained' reads the model's "
+                "tokenizer.json (save_pretrained writes it: tokenizer.save_pretrained(dir))."
+            )
+        try:
+            from tokenizers import Tokenizer as _RustTokenizer
+        except ImportError as err:  # pragma: no cover - a requirement of the program
+            raise ValueError(
+                "--config.tokenizer='pretrained' needs the `tokenizers` package: "
+                "pip install -r requirements.txt"
+            ) from err
+        self._tok = _RustTokenizer.from_file(str(path))
+        self._size = self._tok.get_vocab_size(with_added_tokens=True)
+        if self._size > model_vocab_size:
+            raise ValueError(
+                f"{path} has {self._size} ids but the model's vocabulary holds "
+                f"{model_vocab_size}: the tokenizer does not belong to this model."
+            )
+        self._model_vocab_size = model_vocab_size
+        self.specials = self._read_specials(pad_id)
+
+    def _read_specials(self, pad_id: int) -> SpecialIds:
+        def read(name: str) -> dict:
+            path = self.directory / name
+            return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+        model, tok = read("config.json"), read(TOKENIZER_CONFIG_FILE)
+        bos = _first_int(model.get("bos_token_id"), _token_id(self._tok, tok.get("bos_token")))
+        eos = _first_int(model.get("eos_token_id"), _token_id(self._tok, tok.get("eos_token")))
+        if bos is None and eos is None:
+            raise ValueError(
+                f"{self.directory}: neither config.json (bos_token_id, eos_token_id) nor "
+                f"{TOKENIZER_CONFIG_FILE} (bos_token, eos_token) names a start or end token; "
+                "add them there."
+            )
+        bos = eos if bos is None else bos
+        eos = bos if eos is None else eos
+        unk = _token_id(self._tok, tok.get("unk_token"))
+        return SpecialIds(pad=pad_id, bos=bos, eos=eos, unk=pad_id if unk is None else unk)
+
+    @property
+    def pad_id(self) -> int:
+        return self.specials.pad
+
+    @property
+    def bos_id(self) -> int:
+        return self.specials.bos
+
+    @property
+    def eos_id(self) -> int:
+        return self.specials.eos
+
+    @property
+    def unk_id(self) -> int:
+        return self.specials.unk
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary, the added pad id included."""
+        return self._model_vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        """The model's ids of `text`, without special tokens."""
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """`encode` of each text, in one call (the Rust tokenizer's threads)."""
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`; pad, bos and eos are dropped, every other token kept.
+
+        Raises:
+            ValueError: an id outside [0, vocab_size).
+        """
+        ids = _check_decodable(ids, self._model_vocab_size)
+        drop = {self.pad_id, self.bos_id, self.eos_id}
+        kept = [i for i in ids if i not in drop and i < self._size]
+        return self._tok.decode(kept, skip_special_tokens=False)
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The tokenizer's token for an id (byte-level BPE shows a space as 'Ġ')."""
+        (token_id,) = _check_decodable([token_id], self._model_vocab_size)
+        if token_id == self.pad_id and token_id >= self._size:
+            return "<pad>"
+        return self._tok.id_to_token(token_id) or f"<{token_id}>"

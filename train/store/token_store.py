@@ -1,0 +1,313 @@
+"""A corpus tokenized once: the token store on disk, and its windows read back by memory map.
+
+`python -m train.prepare` (`train.store.store_prepare`) writes a store; a run whose data section
+names one (`--config.store_dir`) reads it through `train.store.store_pipeline`. Layout:
+
+    <store_dir>/
+      plan.json                the inputs and settings the store is prepared from
+      tokenizer.model          the SentencePiece model (absent for the byte tokenizer)
+      shards/00000/            one directory per shard of the input, written whole then renamed
+        train.bin              the train documents' ids, each as BOS ids EOS, end to end
+        train_docs.bin         int64 offset of each train document's first token (its BOS)
+        valid.bin, valid_docs.bin   the same for the validation documents
+        shard.json             counts, byte sizes and SHA-256 of the four files
+      store.json               the manifest, written last: its presence means the store is whole
+
+Ids are stored as little-endian uint16 when the vocabulary fits, else uint32. A split's token
+stream is its shards' streams end to end, in shard order; documents are never reordered
+(shuffling happens over windows, when reading).
+
+Opening a store (`TokenStore.open`) checks that its tokenizer, vocabulary, split fractions,
+own validation and test files, document mode and whitespace rule are the ones the config
+asks for (`store_settings`), that every file has the size the manifest says (a truncated
+shard) and its SHA-256 (a damaged one; about 0.25 s per 100M tokens, in threads), and maps the
+token files without reading them: memory does not grow with the corpus, except for the
+document offsets (8 bytes per document).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from train.data.tokenizer import model_vocab_size
+
+# Written into every manifest; a store of another format is refused with the fix.
+STORE_FORMAT = 1
+MANIFEST = "store.json"
+PLAN = "plan.json"
+TOKENIZER_FILE = "tokenizer.model"
+SHARDS = "shards"
+SHARD_META = "shard.json"
+SPLITS = ("train", "valid")
+# Largest vocabulary whose ids fit uint16.
+UINT16_VOCAB = 1 << 16
+# Bytes hashed per read while checking a file (bounded memory).
+_HASH_CHUNK = 16 << 20
+
+
+class StoreError(ValueError):
+    """A token store that is missing, incomplete, damaged or prepared for another config."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The on-disk dtype of a vocabulary's ids: uint16 up to 65,536 ids, else uint32."""
+    return np.dtype("<u2") if vocab_size <= UINT16_VOCAB else np.dtype("<u4")
+
+
+def shard_name(index: int) -> str:
+    return f"{index:05d}"
+
+
+def file_sha256(path: pathlib.Path) -> str:
+    """The SHA-256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def split_files(split: str) -> tuple[str, str]:
+    """The token file and the document-offset file of a split."""
+    return f"{split}.bin", f"{split}_docs.bin"
+
+
+def store_settings(data) -> dict:
+    """What a store is prepared for, from the data section: what `TokenStore.open` compares.
+
+    Args:
+        data: the data section (`train.config.sections.DataConfig`).
+    """
+    return {
+        "corpus": data.corpus,
+        "corpus_path": data.corpus_path if data.corpus != "kjv" else "",
+        "text_field": data.text_field,
+        "tokenizer": data.tokenizer,
+        "vocab_size": _vocab_size(data),
+        "valid_fraction": data.valid_fraction,
+        "test_fraction": data.test_fraction,
+        "sample_chars": data.store_sample_chars if data.tokenizer == "sentencepiece" else 0,
+        "collapse_whitespace": data.collapses_whitespace,
+        "text_documents": data.text_documents,
+        "valid_path": data.valid_path,
+        "test_path": data.test_path,
+        "pretrained_tokenizer": _pretrained_tokenizer_sha(data),
+    }
+
+
+def _vocab_size(data) -> int:
+    """The model vocabulary the store's ids are for (a pretrained model's own, pad added)."""
+    if data.tokenizer == "pretrained":
+        from train.program import pretrained
+
+        return pretrained.read_source(data.init_from, need_weights=False).model.vocab_size
+    return model_vocab_size(data.tokenizer, data.vocab_size)
+
+
+def _pretrained_tokenizer_sha(data) -> str:
+    """sha256 of a pretrained model's tokenizer file (its ids' meaning), or ''."""
+    if data.tokenizer != "pretrained":
+        return ""
+    from train.program import pretrained
+
+    source = pretrained.read_source(data.init_from, need_weights=False)
+    name = "tokenizer.json" if source.family != pretrained.RUN else CONFIG_OF_RUN
+    return hashlib.sha256((source.path / name).read_bytes()).hexdigest()
+
+
+# A run used as a pretrained source: its config.json names its tokenizer.
+CONFIG_OF_RUN = "config.json"
+
+
+# What a store prepared before a setting existed was prepared with (`check_settings`).
+_SETTINGS_BEFORE = {
+    "collapse_whitespace": True,
+    "text_documents": "lines",
+    "valid_path": "",
+    "test_path": "",
+    "pretrained_tokenizer": "",
+}
+
+
+def read_json_file(path: pathlib.Path, fix: str) -> dict:
+    """A JSON file of the store, or StoreError naming it and `fix`."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise StoreError(f"{path} cannot be read ({err}) ; {fix}.") from err
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+    """One split of an open store: the shards' token maps and the documents' offsets."""
+
+    tokens: tuple[np.ndarray, ...]  # per shard, memory-mapped
+    shard_starts: np.ndarray  # int64 (S + 1,): offset of each shard in the split's stream
+    doc_starts: np.ndarray  # int64 (D,): offset of each document in the split's stream
+    num_chars: int  # characters of the split's documents, one line break each
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.shard_starts[-1])
+
+
+class TokenStore:
+    """An open token store (see the module docstring); read with `read` and `documents_of`."""
+
+    def __init__(self, path: pathlib.Path, manifest: dict, splits: Mapping[str, _Split]):
+        self.path = path
+        self.manifest = manifest
+        self._splits = dict(splits)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, settings: Mapping | None = None) -> TokenStore:
+        """Opens a whole store, checking it against the config and its own checksums.
+
+        Args:
+            path: the store directory (`--config.store_dir`).
+            settings: `store_settings(data)` of the run; None skips the comparison.
+
+        Raises:
+            StoreError: no manifest (never prepared, or unfinished), another format or
+                settings than the config's, a file of the wrong size or checksum (names the
+                shard and the fix).
+        """
+        path = pathlib.Path(path)
+        manifest_path = path / MANIFEST
+        if not manifest_path.is_file():
+            raise StoreError(
+                f"{path} holds no finished token store ({MANIFEST} missing) ; run "
+                "`python -m train.prepare` with the run's --config flags (it finishes what an "
+                "interrupted preparation left), or let train.main prepare it."
+            )
+        manifest = read_json_file(manifest_path, "rerun `python -m train.prepare` to rewrite it")
+        if manifest.get("format") != STORE_FORMAT:
+            raise StoreError(
+                f"{path} is a token store of format {manifest.get('format')!r}, this program "
+                f"reads format {STORE_FORMAT} ; prepare it again into a new --config.store_dir."
+            )
+        if settings is not None:
+            check_settings(path, manifest["settings"], settings)
+        dtype = np.dtype(manifest["dtype"])
+        shards = manifest["shards"]
+        _check_files(path, shards)
+        splits = {split: _open_split(path, shards, split, dtype) for split in SPLITS}
+        return cls(path, manifest, splits)
+
+    @property
+    def fingerprint(self) -> dict:
+        """Sizes and a hash of the store's content (a resumed run must read the same)."""
+        digest = hashlib.sha256(json.dumps(self.manifest["shards"], sort_keys=True).encode())
+        return {
+            "store_train_tokens": self.num_tokens("train"),
+            "store_valid_tokens": self.num_tokens("valid"),
+            "sha256": digest.hexdigest(),
+        }
+
+    def num_tokens(self, split: str) -> int:
+        return self._splits[split].num_tokens
+
+    def num_documents(self, split: str) -> int:
+        return len(self._splits[split].doc_starts)
+
+    def num_chars(self, split: str) -> int:
+        return self._splits[split].num_chars
+
+    def read(self, split: str, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of a split's stream as int32, across shard boundaries."""
+        part = self._splits[split]
+        if not 0 <= start <= stop <= part.num_tokens:
+            raise IndexError(f"tokens [{start}, {stop}) outside {split}'s {part.num_tokens}.")
+        first = int(np.searchsorted(part.shard_starts, start, side="right")) - 1
+        pieces, position = [], start
+        shard = first
+        while position < stop:
+            begin = int(part.shard_starts[shard])
+            end = min(stop, int(part.shard_starts[shard + 1]))
+            pieces.append(part.tokens[shard][position - begin : end - begin])
+            position, shard = end, shard + 1
+        if not pieces:
+            return np.zeros((0,), np.int32)
+        return np.concatenate(pieces).astype(np.int32)
+
+    def documents_of(self, split: str, start: int, stop: int) -> np.ndarray:
+        """int64 (stop - start,): the index of the document each token of [start, stop) is in."""
+        return np.searchsorted(self._splits[split].doc_starts, np.arange(start, stop), "right") - 1
+
+
+def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
+    """Raises StoreError naming the first setting a store was prepared with that differs."""
+    for name, value in wanted.items():
+        was = saved.get(name, _SETTINGS_BEFORE.get(name))
+        if (
+            was != value
+            and name in ("vocab_size", "pretrained_tokenizer")
+            and (wanted.get("tokenizer") == "pretrained")
+        ):
+            raise StoreError(
+                f"the token store {path} holds the ids of another tokenizer ({name} "
+                f"{was!r}, --config.init_from's model has {value!r}) ; prepare a new store "
+                "into another --config.store_dir for this model."
+            )
+        if was != value:
+            raise StoreError(
+                f"the token store {path} was prepared with {name}={was!r}, the config "
+                f"asks for {value!r} ; set --config.{name}={was!r}, or prepare a new "
+                "store into another --config.store_dir."
+            )
+
+
+def _check_files(path: pathlib.Path, shards: Sequence[dict]) -> None:
+    """Every shard file exists with its size and checksum (hashed in threads)."""
+    expected = []
+    for shard in shards:
+        for name, record in shard["files"].items():
+            file = path / SHARDS / shard["name"] / name
+            size = file.stat().st_size if file.is_file() else None
+            if size != record["bytes"]:
+                raise StoreError(
+                    f"shard {shard['name']} of the token store {path} is damaged: {file} has "
+                    f"{size} bytes, the manifest says {record['bytes']} ; delete "
+                    f"{path / SHARDS / shard['name']} and {path / MANIFEST} and rerun "
+                    "`python -m train.prepare`: it rewrites that shard only."
+                )
+            expected.append((shard["name"], file, record["sha256"]))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        sums = list(pool.map(file_sha256, [file for _, file, _ in expected]))
+    for (name, file, want), got in zip(expected, sums, strict=True):
+        if got != want:
+            raise StoreError(
+                f"shard {name} of the token store {path} is damaged: {file} has SHA-256 "
+                f"{got[:12]}..., the manifest says {want[:12]}... ; delete {file.parent} and "
+                f"{path / MANIFEST} and rerun `python -m train.prepare`: it rewrites that "
+                "shard only."
+            )
+
+
+def _open_split(path: pathlib.Path, shards: Sequence[dict], split: str, dtype) -> _Split:
+    tokens_file, docs_file = split_files(split)
+    maps, sizes, docs, chars = [], [], [], 0
+    offset = 0
+    for shard in shards:
+        folder = path / SHARDS / shard["name"]
+        count = shard["splits"][split]["tokens"]
+        maps.append(
+            np.memmap(folder / tokens_file, dtype=dtype, mode="r", shape=(count,))
+            if count
+            else np.zeros((0,), dtype)
+        )
+        docs.append(np.fromfile(folder / docs_file, dtype="<i8") + offset)
+        sizes.append(count)
+        offset += count
+        chars += shard["splits"][split]["chars"]
+    shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+    doc_starts = np.concatenate(docs) if docs else np.zeros((0,), np.int64)
+    return _Split(tuple(maps), shard_starts, doc_starts.astype(np.int64), chars)
