@@ -208,7 +208,9 @@ def our_step(
     import jax
     import numpy as np
 
-    from train import config_lib, steps, tasks, train_lib
+    from train import train_lib
+    from train.config import config_lib
+    from train.program import steps, tasks
 
     config = our_config(recipe, dropout, rng_impl, attention_impl)
     experiment = config_lib.validate_config(config)
