@@ -34,7 +34,7 @@ from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
 from train.config import config_lib
-from train.config.sections import DataConfig, Experiment
+from train.config.sections import Experiment
 from train.data import input_pipeline
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.program import finetune, pretrained, steps
@@ -71,18 +71,6 @@ def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: b
             )
     if distributed.is_primary():
         atomic_write_text(path, config.to_json(indent=2) + "\n")
-
-
-def _shared_tokenizer(kind, vocab_size, run, train_texts, **options):
-    """The run's tokenizer (`input_pipeline.make_tokenizer`, its `options`), trained
-    (SentencePiece) by process 0 only: the others wait for its file in the (shared) work
-    directory and read it, so all use the same one."""
-    if distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run, train_texts, **options)
-    distributed.barrier("tokenizer")
-    if not distributed.is_primary():
-        tokenizer = input_pipeline.make_tokenizer(kind, vocab_size, run)
-    return tokenizer
 
 
 class _Discard:
@@ -325,49 +313,6 @@ def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) ->
     return source
 
 
-# The packings a token store is read with (windows of batch_size rows).
-_STORE_PACKINGS = ("stream", "segments")
-
-
-def _data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
-    """The data section a run reads: a text language model given no `store_dir` reads a
-    token store under its work directory (`RunDir.token_store`, prepared on first use), so
-    its memory stays flat in corpus size.
-
-    Packed segments sized by `tokens_per_batch` (configs/default.py's) become the store's
-    windows of the same size: `tokens_per_batch // max_len` rows of max_len tokens.
-
-    It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
-    need whole examples (packing 'none'), or where it resumes a run that started so (its
-    data_fingerprint.json holds example counts, not a store's token counts): such a run goes
-    on with the batches it began with.
-    """
-    if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
-        return data
-    if resuming and run.data_fingerprint.exists():
-        recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
-        if "store_train_tokens" not in recorded:
-            logging.info("Resuming a run that read its text corpus in memory: it still does.")
-            return data
-    rows = data.batch_size or data.tokens_per_batch // data.max_len
-    if data.packing not in _STORE_PACKINGS or not rows:
-        logging.warning(
-            "--config.packing=%r reads the text corpus in memory (memory grows with the "
-            "corpus); packing 'stream' or 'segments' reads it from a token store under the "
-            "work directory.",
-            data.packing,
-        )
-        return data
-    if not data.batch_size:
-        logging.info(
-            "Token store windows: %d rows of --config.max_len=%d tokens "
-            "(--config.tokens_per_batch=%d).", rows, data.max_len, data.tokens_per_batch,
-        )  # fmt: skip
-    return dataclasses.replace(
-        data, store_dir=str(run.token_store), batch_size=rows, tokens_per_batch=0
-    )
-
-
 def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _Start:
     """Builds the data and the program of a run, then its state: fresh, or the newest good
     checkpoint's with the data stream where it stopped."""
@@ -375,32 +320,24 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))
-    data = _data_section(experiment.data, run, resuming)
     source = None
-    if data.init_from:
+    if experiment.data.init_from:
         source = _pretrained_snapshot(experiment, run, resuming)
-    if data.store_dir:
-        dataset = input_pipeline.build_store_dataset(
-            data,
-            run,
-            seed=settings.seed,
-            num_steps=settings.num_train_steps,
-            num_devices=mesh.size,
-            share=share,
-            max_eval_batches=experiment.eval.num_eval_batches,
+    dataset = input_pipeline.open_dataset(
+        experiment.data,
+        run,
+        seed=settings.seed,
+        num_steps=settings.num_train_steps,
+        num_devices=mesh.size,
+        share=share,
+        max_eval_batches=experiment.eval.num_eval_batches,
+        processes=input_pipeline.Processes(
             primary=distributed.is_primary(),
             barrier=distributed.barrier,
             part=(jax.process_index(), jax.process_count()),
-        )
-    else:
-        dataset = input_pipeline.build_dataset(
-            data,
-            run,
-            seed=settings.seed,
-            num_devices=mesh.size,
-            share=share,
-            make_tokenizer=_shared_tokenizer,
-        )
+        ),
+        resuming=resuming,
+    )
     _check_end_of_run(experiment, dataset)
     _check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)

@@ -27,7 +27,7 @@ from train.data.packing import Packer, get_packer
 from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, SpecialIds, Tokenizer
 from train.program import pretrained
 from train.program.tasks import Task, get_task
-from train.run.rundir import RunDir
+from train.run.rundir import RunDir, read_json
 from train.store import store_pipeline
 
 # Below this many training examples (real ones, copies not counted) a run still works but
@@ -41,42 +41,166 @@ _ESCAPED = "\x00json"
 
 @dataclasses.dataclass
 class Dataset:
-    """Everything the training loop needs from the data.
+    """Everything the training loop needs from the data, whichever path read it (a token
+    store or the corpus in memory: `open_dataset`).
 
     Attributes:
         task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
-        build_epoch: rng -> one epoch of training batches (for `EpochStream`).
         eval_batches: all the validation batches, in a fixed order.
-        valid_examples: validation texts: (source, target) pairs or lines.
+        valid_examples: validation texts: (source, target) pairs or lines (empty for a
+            token store, which keeps token ids only).
         chars_per_token: characters of the validation texts per validation label (EOS
             and BOS labels count no character), to turn nats per label into bits per
             character of the original text (exact over all the validation batches).
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
-            valid/test, and how many were dropped as too long.
+            valid/test, and how many were dropped as too long (a store: documents, tokens).
         fingerprint: `data_fingerprint` of the train and validation splits, before
             tokenization (or the token store's `fingerprint`): a resumed run checks that it
             still trains on the same data.
-        make_stream: (saved stream state, start step) -> the training batches, for a run that
-            reads a token store (`build_epoch` is then None); see `stream`.
+        make_stream: (seed, saved stream state, start step) -> the training batches from
+            that step on; see `stream`.
     """
 
     task: Task
     tokenizer: Tokenizer
-    build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]] | None
     eval_batches: list[dict[str, np.ndarray]]
     valid_examples: list
     chars_per_token: float
     sizes: dict[str, int]
     fingerprint: dict[str, int | str]
-    make_stream: Callable[[Mapping | None, int], Iterator] | None = None
+    make_stream: Callable[[int, Mapping | None, int], Iterator]
 
     def stream(self, seed: int, saved: Mapping | None, start_step: int) -> Iterator:
         """The training batches from `start_step` on: an `EpochStream` restored from `saved`
         (in memory), or a store's `StoreStream`; either has `state_dict()` to checkpoint."""
-        if self.make_stream is not None:
-            return self.make_stream(saved, start_step)
-        return EpochStream(self.build_epoch, seed=seed, state=saved)
+        return self.make_stream(seed, saved, start_step)
+
+
+@dataclasses.dataclass
+class InMemoryDataset(Dataset):
+    """The Dataset of a corpus read in memory (`build_dataset`), whose epochs can also be
+    built one by one.
+
+    Attributes:
+        build_epoch: rng -> one epoch of training batches (what `EpochStream` iterates).
+    """
+
+    build_epoch: Callable[[np.random.Generator], list[dict[str, np.ndarray]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """This process's part in a run of several (one process: the defaults).
+
+    Attributes:
+        primary: process 0, which trains a tokenizer or prepares a store's plan first.
+        barrier: waits until every process reaches the barrier of that name.
+        part: (process index, process count), to prepare a store's shards together.
+    """
+
+    primary: bool = True
+    barrier: Callable[[str], None] = lambda name: None
+    part: tuple[int, int] = (0, 1)
+
+
+# The packings a token store is read with (windows of batch_size rows).
+_STORE_PACKINGS = ("stream", "segments")
+
+
+def open_dataset(
+    data: DataConfig,
+    run: RunDir,
+    *,
+    seed: int,
+    num_steps: int,
+    num_devices: int = 1,
+    share: RowShare = WHOLE_BATCH,
+    max_eval_batches: int = 0,
+    processes: Processes = Processes(),
+    resuming: bool = False,
+) -> Dataset:
+    """The run's data, whichever path reads it: the one entry point of the training loop.
+
+    A token store is read where the data section names one, and where a text language
+    model names none (`run_data_section`: a store under the work directory); otherwise the
+    corpus is read in memory, the tokenizer made by process 0 first where it must be trained
+    (the others then read its file).
+
+    Args:
+        data: the data section.
+        run: the run directory.
+        seed, num_steps: the run's seed and train steps.
+        num_devices, share: data-parallel devices and this process's rows of every batch.
+        max_eval_batches: validation batches kept from a store (0: all).
+        processes: this process's part (`Processes`).
+        resuming: the run resumes (a run that began in memory goes on in memory).
+    """
+    data = run_data_section(data, run, resuming)
+    if data.store_dir:
+        return build_store_dataset(
+            data,
+            run,
+            seed=seed,
+            num_steps=num_steps,
+            num_devices=num_devices,
+            share=share,
+            max_eval_batches=max_eval_batches,
+            primary=processes.primary,
+            barrier=processes.barrier,
+            part=processes.part,
+        )
+
+    def shared_tokenizer(kind, vocab_size, run, train_texts, **options):
+        if processes.primary:
+            tokenizer = make_tokenizer(kind, vocab_size, run, train_texts, **options)
+        processes.barrier("tokenizer")
+        if not processes.primary:
+            tokenizer = make_tokenizer(kind, vocab_size, run)
+        return tokenizer
+
+    return build_dataset(
+        data, run, seed=seed, num_devices=num_devices, share=share, make_tokenizer=shared_tokenizer
+    )
+
+
+def run_data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
+    """The data section a run reads: a text language model given no `store_dir` reads a
+    token store under its work directory (`RunDir.token_store`, prepared on first use), so
+    its memory stays flat in corpus size.
+
+    Packed segments sized by `tokens_per_batch` (configs/default.py's) become the store's
+    windows of the same size: `tokens_per_batch // max_len` rows of max_len tokens.
+
+    It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
+    need whole examples (packing 'none'), or where it resumes a run that started so (its
+    data_fingerprint.json holds example counts, not a store's token counts): such a run goes
+    on with the batches it began with.
+    """
+    if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
+        return data
+    if resuming and run.data_fingerprint.exists():
+        recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
+        if "store_train_tokens" not in recorded:
+            logging.info("Resuming a run that read its text corpus in memory: it still does.")
+            return data
+    rows = data.batch_size or data.tokens_per_batch // data.max_len
+    if data.packing not in _STORE_PACKINGS or not rows:
+        logging.warning(
+            "--config.packing=%r reads the text corpus in memory (memory grows with the "
+            "corpus); packing 'stream' or 'segments' reads it from a token store under the "
+            "work directory.",
+            data.packing,
+        )
+        return data
+    if not data.batch_size:
+        logging.info(
+            "Token store windows: %d rows of --config.max_len=%d tokens "
+            "(--config.tokens_per_batch=%d).", rows, data.max_len, data.tokens_per_batch,
+        )  # fmt: skip
+    return dataclasses.replace(
+        data, store_dir=str(run.token_store), batch_size=rows, tokens_per_batch=0
+    )
 
 
 @dataclasses.dataclass
@@ -255,7 +379,7 @@ def build_dataset(
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
     make_tokenizer: Callable = make_tokenizer,
-) -> Dataset:
+) -> InMemoryDataset:
     """Loads, splits, tokenizes, filters and batches the data section's corpus.
 
     In a run of several processes every process reads and tokenizes the whole corpus (the
@@ -295,15 +419,18 @@ def build_dataset(
     build_epoch, eval_batches = _batch(
         data, task, packer, ids, num_devices, share, tokenizer.specials
     )
-    return Dataset(
+    return InMemoryDataset(
         task=task,
         tokenizer=tokenizer,
-        build_epoch=build_epoch,
         eval_batches=eval_batches,
         valid_examples=ids.valid_texts,
         chars_per_token=_chars_per_label(task, packer, ids),
         sizes=ids.sizes(),
         fingerprint=data_fingerprint(task, texts.train, texts.valid),
+        make_stream=lambda seed, saved, start_step: EpochStream(
+            build_epoch, seed=seed, state=saved
+        ),
+        build_epoch=build_epoch,
     )
 
 
@@ -346,18 +473,19 @@ def build_store_dataset(
     )
     if primary and data.tokenizer == "sentencepiece":
         store_pipeline.copy_tokenizer(store, run.tokenizer_model(data.vocab_size))
+    make = store_pipeline.stream_factory(
+        data, opened.train, seed=seed, share=share, num_steps=num_steps
+    )
     return Dataset(
         task=task,
         tokenizer=opened.tokenizer,
-        build_epoch=None,
         eval_batches=eval_batches,
         valid_examples=[],
         chars_per_token=opened.chars_per_label,
         sizes=opened.sizes,
         fingerprint=store.fingerprint,
-        make_stream=store_pipeline.stream_factory(
-            data, opened.train, seed=seed, share=share, num_steps=num_steps
-        ),
+        # The store's window order comes from the run's seed, given above.
+        make_stream=lambda _seed, saved, start_step: make(saved, start_step),
     )
 
 
