@@ -266,6 +266,12 @@ def test_refusals_name_the_field_and_the_fix(model_dirs, corpus, tmp_path):
     config = _config(gpt2, corpus)
     config.tokenizer = "byte"
     assert "tokenizer='pretrained'" in _refusal(config)
+    # Options that would do nothing are refused, not ignored.
+    lora = {"model.lora_rank": 4}
+    assert "does nothing with LoRA" in _refusal(_config(gpt2, corpus, freeze="embeddings", **lora))
+    assert "does nothing with LoRA" in _refusal(
+        _config(gpt2, corpus, pretrained_lr_scale=0.5, **lora)
+    )
 
 
 def test_the_command_refuses_in_one_line_before_any_step(model_dirs, corpus, tmp_path):

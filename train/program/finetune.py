@@ -64,8 +64,9 @@ def check_freeze(optimizer: OptimizerConfig, model: TransformerConfig, fine_tuni
     """The fine-tuning fields against the model, before any step.
 
     Raises:
-        ValueError: freezing without `init_from`, more layers than the model has, or
-            frozen layers of a scanned stack (one stacked parameter holds every layer).
+        ValueError: freezing without `init_from`, or with LoRA (which freezes every
+            pretrained parameter), more layers than the model has, or frozen layers of a
+            scanned stack (one stacked parameter holds every layer).
     """
     if not fine_tuning:
         field = "freeze" if optimizer.freeze else "pretrained_lr_scale"
@@ -73,6 +74,14 @@ def check_freeze(optimizer: OptimizerConfig, model: TransformerConfig, fine_tuni
             field,
             getattr(optimizer, field),
             "applies to a run from pretrained weights; set --config.init_from=DIR",
+        )
+    if getattr(model, "lora_rank", 0):  # every pretrained parameter is frozen already
+        field = "freeze" if optimizer.freeze else "pretrained_lr_scale"
+        raise fail(
+            field,
+            getattr(optimizer, field),
+            "does nothing with LoRA (--config.model.lora_rank > 0): every pretrained "
+            "parameter is frozen and only the adapters train; leave it at its default",
         )
     freeze = parse_freeze(optimizer.freeze)
     if freeze.layers > model.decoder_layers:
