@@ -4,6 +4,7 @@ machine facts."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import statistics
@@ -129,3 +130,33 @@ def machine_line() -> str:
 
 def random_tokens(shape, vocab: int, seed: int = 0) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape), jnp.int32)
+
+
+class WorkerProcess:
+    """A benchmark worker in a process of its own (each framework apart): started with
+    `args` after `python -m`, it prints one JSON line when ready (kept as `ready`), then
+    answers each `time STEPS` line on its stdin with a JSON list of step times."""
+
+    def __init__(self, args: list[str]):
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        self.ready = json.loads(self._read())
+
+    def _read(self) -> str:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
+        return line
+
+    def time(self, steps: int) -> list[float]:
+        self.process.stdin.write(f"time {steps}\n")
+        self.process.stdin.flush()
+        return json.loads(self._read())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()

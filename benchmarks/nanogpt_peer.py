@@ -37,7 +37,7 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.common import machine_line, median, time_steps
+from benchmarks.common import WorkerProcess, machine_line, median, time_steps
 
 VOCAB = 65  # shakespeare_char's vocabulary
 
@@ -298,31 +298,12 @@ def worker(variant: str, recipe_name: str, dropout: float) -> None:
         print(json.dumps(time_steps(run, int(line.split()[1]), warmup=0)), flush=True)
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     def __init__(self, variant: str, recipe: str, dropout: float):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.nanogpt_peer", "--worker", variant]
-            + ["--recipe", recipe, "--dropout", str(dropout)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+        super().__init__(
+            ["benchmarks.nanogpt_peer", "--worker", variant]
+            + ["--recipe", recipe, "--dropout", str(dropout)]
         )
-        self.ready = json.loads(self._read())
-
-    def _read(self) -> str:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
-        return line
-
-    def time(self, steps: int) -> list[float]:
-        self.process.stdin.write(f"time {steps}\n")
-        self.process.stdin.flush()
-        return json.loads(self._read())
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
 
 
 def _loadavg() -> str:

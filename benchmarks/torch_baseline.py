@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 
 import jax
@@ -25,6 +24,7 @@ import numpy as np
 from benchmarks.common import (
     SIZES,
     Size,
+    WorkerProcess,
     machine_line,
     matmul_peak_flops,
     median,
@@ -152,33 +152,15 @@ def worker(framework: str, size_name: str, dropout: float) -> None:
         print(json.dumps(time_steps(run, steps, warmup=0)), flush=True)
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     """A worker process of this module, one framework and size."""
 
     def __init__(self, framework: str, size: str, dropout: float):
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.torch_baseline", "--worker", framework]
-            + ["--sizes", size, "--dropout", str(dropout)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+        super().__init__(
+            ["benchmarks.torch_baseline", "--worker", framework]
+            + ["--sizes", size, "--dropout", str(dropout)]
         )
-        self.peak = json.loads(self._read())["peak"]
-
-    def _read(self) -> str:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
-        return line
-
-    def time(self, steps: int) -> list[float]:
-        self.process.stdin.write(f"time {steps}\n")
-        self.process.stdin.flush()
-        return json.loads(self._read())
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
+        self.peak = self.ready["peak"]
 
 
 def main(argv=None) -> None:
