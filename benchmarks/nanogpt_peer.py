@@ -202,9 +202,20 @@ def our_config(
 
 
 def our_step(
-    recipe: Recipe, dropout: float, rng_impl: str = "threefry2x32", attention_impl: str = "xla"
+    recipe: Recipe,
+    dropout: float,
+    rng_impl: str = "threefry2x32",
+    attention_impl: str = "xla",
+    cpu_devices: int = 0,
 ):
-    """Our jitted train step as `train_lib` builds and calls it, as a closure."""
+    """Our jitted train step as `train_lib` builds and calls it, as a closure, on the CPU
+    devices `train.main` would make (`cpu_devices`: 0 = auto, as its default)."""
+    from train.run import distributed
+
+    config = our_config(recipe, dropout, rng_impl, attention_impl)
+    config.cpu_devices = cpu_devices
+    distributed.split_cpu(config)  # before JAX starts, as train.main does
+
     import jax
     import numpy as np
 
@@ -212,7 +223,6 @@ def our_step(
     from train.config import config_lib
     from train.program import steps, tasks
 
-    config = our_config(recipe, dropout, rng_impl, attention_impl)
     experiment = config_lib.validate_config(config)
     task = tasks.get_task("lm")
     mesh = train_lib.make_mesh(experiment.run.mesh_shape)
@@ -234,7 +244,10 @@ def our_step(
         box[0], metrics = program.train_step(box[0], program.put_batch(batch))
         return float(metrics["loss"])  # train_lib's TrainLog reads it too (every log step)
 
-    return run, f"jax {jax.__version__}, rng {rng_impl}, attention {attention_impl}"
+    return run, (
+        f"jax {jax.__version__}, rng {rng_impl}, attention {attention_impl}, "
+        f"{jax.device_count()} {jax.default_backend()} device(s)"
+    )
 
 
 # --------------------------------------------------------------------------- driver
@@ -280,10 +293,13 @@ def worker(variant: str, recipe_name: str, dropout: float) -> None:
     """One variant, driven over stdin/stdout: a ready line, then `time K` -> K step times."""
     recipe = RECIPES[recipe_name]
     if variant.startswith("ours"):
-        # ours[:rng_impl][+attention_impl], e.g. ours:rbg or ours+blocked
+        # ours[:rng_impl][+attention_impl][@cpu_devices], e.g. ours:rbg, ours+blocked, ours@1
+        variant, _, devices = variant.partition("@")
         name, _, attention_impl = variant.partition("+")
         rng_impl = name.partition(":")[2] or "threefry2x32"
-        run, note = our_step(recipe, dropout, rng_impl, attention_impl or "xla")
+        run, note = our_step(
+            recipe, dropout, rng_impl, attention_impl or "xla", int(devices or 0)
+        )
     else:
         # eager, compile, or with a thread count: eager@1 (torch.set_num_threads(1))
         kind, _, threads = variant.partition("@")
@@ -350,7 +366,7 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--variants",
         default="ours,eager,compile",
-        help="the first is the baseline of the ratios: ours[:rng_impl][+attention_impl], "
+        help="the first is the baseline of the ratios: ours[:rng_impl][+attention_impl][@cpu_devices], "
         "eager[@threads], compile[@threads]",
     )
     parser.add_argument("--rounds", type=int, default=3)

@@ -132,6 +132,72 @@ def test_distributed_settings_fall_back_to_the_environment(monkeypatch):
         distributed.settings_from_env(None, None, None)
 
 
+def _default_config(**fields):
+    from configs import default
+
+    config = default.get_config()
+    config.update(fields)
+    return config
+
+
+@pytest.mark.parametrize(
+    "fields, cores, expected",
+    [
+        (dict(task="lm", packing="stream", batch_size=12, max_len=64), 2, 2),
+        (dict(task="lm", packing="stream", batch_size=12, max_len=64), 8, 6),
+        (dict(task="lm", packing="stream", batch_size=7, max_len=64), 2, 1),
+        # the default: whole examples packed, 2048 // 96 = 21 rows per batch
+        (dict(), 2, 1),
+        (dict(), 4, 3),
+        (dict(), 1, 1),
+        # rows per bucket come from tokens_per_batch: no split, the batches stay as they are
+        (dict(packing="none"), 4, 1),
+        # a mesh that names its sizes is the user's layout
+        (dict(task="lm", packing="stream", batch_size=12, mesh_shape=(1, 1, 1)), 2, 1),
+        (dict(task="lm", packing="stream", batch_size=12, mesh_shape=(-1, 1, 2)), 2, 1),
+    ],
+)
+def test_auto_cpu_devices_divide_every_batch_into_equal_rows(fields, cores, expected):
+    assert distributed.auto_cpu_devices(_default_config(**fields), cores) == expected
+
+
+def test_split_cpu_sets_the_host_device_flag_only_before_jax_starts(monkeypatch):
+    from jax._src import xla_bridge
+
+    lm = _default_config(task="lm", packing="stream", batch_size=12, max_len=64)
+    monkeypatch.setattr(distributed, "usable_cores", lambda: 2)
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: False)
+    env = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    assert distributed.split_cpu(lm, environ=env) == 2
+    assert env["XLA_FLAGS"].split() == [
+        "--xla_cpu_enable_fast_math=false",
+        "--xla_force_host_platform_device_count=2",
+    ]
+    # A count given by the user's XLA_FLAGS or a launcher stays; several processes: none.
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    assert distributed.split_cpu(lm, environ=env) == 1
+    assert env == {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = {}
+    assert distributed.split_cpu(lm, num_processes=2, environ=env) == 1 and env == {}
+    # An explicit count wins over auto; 1 sets nothing.
+    lm.cpu_devices = 3
+    assert distributed.split_cpu(lm, environ=env) == 3
+    assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=3"
+    lm.cpu_devices, env = 1, {}
+    assert distributed.split_cpu(lm, environ=env) == 1 and env == {}
+    # Once JAX has started the flag would do nothing: it is not set.
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: True)
+    lm.cpu_devices = 0
+    assert distributed.split_cpu(lm, environ=env) == 1 and env == {}
+
+
+def test_a_negative_cpu_device_count_is_refused_by_name():
+    from train.config import config_lib
+
+    with pytest.raises(ValueError, match=r"--config.cpu_devices=-1"):
+        config_lib.validate_config(_default_config(cpu_devices=-1))
+
+
 def test_bad_distributed_flags_are_usage_errors():
     with pytest.raises(ValueError, match="needs --coordinator_address"):
         distributed.initialize(None, 2, 0)

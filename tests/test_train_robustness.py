@@ -397,11 +397,21 @@ def _run_killed(args, kill_at=None, kill_after_s=None):
 
 
 def _final_state(workdir, step):
-    """The raw checkpointed TrainState of `step` (params, opt state, PRNG key) as numpy."""
+    """The raw checkpointed TrainState of `step` (params, opt state, PRNG key) as numpy.
+
+    Restored as numpy arrays, whatever devices saved it (`train.main` splits a CPU into
+    several devices: `--config.cpu_devices`)."""
+    import jax
+    import numpy as np
     import orbax.checkpoint as ocp
 
-    with ocp.StandardCheckpointer() as checkpointer:
-        return checkpointer.restore(RunDir(workdir).checkpoints / str(step) / "state")
+    path = RunDir(workdir).checkpoints / str(step) / "state"
+    with ocp.PyTreeCheckpointer() as checkpointer:
+        tree = checkpointer.metadata(path)
+        tree = getattr(tree, "item_metadata", tree)
+        tree = getattr(tree, "tree", tree)
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        return checkpointer.restore(path, restore_args=args)
 
 
 def _records(workdir):

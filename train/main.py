@@ -61,7 +61,9 @@ def main(argv: list[str]) -> None:
         settings = distributed.settings_from_env(
             FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id
         )
-        distributed.initialize(*settings)  # before anything else uses jax
+        # Both before anything else uses jax: the CPU's devices and the other processes.
+        cpu_devices = distributed.split_cpu(config, settings[1])
+        distributed.initialize(*settings)
     except ValueError as err:
         die(str(err), USAGE_ERROR)
     except Exception as err:  # jax raises runtime errors of several types
@@ -73,11 +75,18 @@ def main(argv: list[str]) -> None:
         )
     if not distributed.is_primary():
         logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
+    import jax
+
     from train import train_lib
     from train.data.corpora import CorpusNotFoundError
     from train.run.failures import Preempted, RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
+    if cpu_devices > 1 and jax.default_backend() == "cpu":
+        logging.info(
+            "CPU split into %d devices, data parallel (--config.cpu_devices=1: one device)",
+            jax.device_count(),
+        )
     try:
         train_lib.train_and_evaluate(config, FLAGS.workdir)
     except Preempted as err:  # a checkpoint was saved: not an error

@@ -679,6 +679,8 @@ class RunConfig(_ReadByName):
         seed: parameters, dropout and data order all derive from it.
         rng_impl: the dropout PRNG ('threefry2x32', 'rbg', 'unsafe_rbg').
         mesh_shape: the (data, fsdp, tensor) device mesh; -1 = the devices left.
+        cpu_devices: the devices `train.main` makes of a CPU's cores (0 = auto;
+            `train.run.distributed.split_cpu`).
         log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
             keep_checkpoints, async_checkpoints: the config fields of the same names.
     """
@@ -693,6 +695,7 @@ class RunConfig(_ReadByName):
     checkpoint_every_steps: int
     keep_checkpoints: int
     async_checkpoints: bool
+    cpu_devices: int = 0
 
     # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
     IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
@@ -708,7 +711,7 @@ class RunConfig(_ReadByName):
             "checkpoint_every_steps",
             "keep_checkpoints",
         )
-        _check_non_negative_ints(self, "bleu_every_steps", "seed")
+        _check_non_negative_ints(self, "bleu_every_steps", "seed", "cpu_devices")
         if not isinstance(self.async_checkpoints, bool):
             raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
 

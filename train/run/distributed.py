@@ -94,6 +94,72 @@ def initialize(coordinator_address: str | None, num_processes: int, process_id: 
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
 
 
+# The XLA flag that makes the CPU platform show several devices (read when JAX starts).
+_HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's share)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def auto_cpu_devices(config, cores: int) -> int:
+    """How many CPU devices `--config.cpu_devices=0` (auto) makes of `cores` cores.
+
+    The largest count, at most `cores`, that divides every batch's rows, so the batches are
+    the same as on one device and only the float reduction order of the gradient changes.
+    One (no split) where the rows are not fixed by the config (length buckets with
+    `tokens_per_batch`), where `mesh_shape` names sizes other than data = -1, or where
+    several processes share the run (each is given its devices by its launcher).
+    """
+    from train.data import batching  # numpy only: no JAX backend starts here
+
+    mesh = tuple(config.mesh_shape)
+    if mesh[:1] != (-1,) or any(size != 1 for size in mesh[1:]):
+        return 1
+    if config.batch_size > 0:
+        rows = config.batch_size
+    elif config.packing in ("stream", "segments"):
+        (rows,) = batching.rows_per_batch([config.max_len], None, config.tokens_per_batch, 1)
+    else:
+        return 1
+    return max(d for d in range(1, max(cores, 1) + 1) if rows % d == 0)
+
+
+def split_cpu(config, num_processes: int = 1, environ=None) -> int:
+    """Makes JAX's CPU platform `config.cpu_devices` devices (0: `auto_cpu_devices`), so a
+    CPU-only run is data parallel over its cores: XLA runs most of a small step's operations
+    on one thread, so one device per core keeps both busy (`benchmarks/nanogpt_peer.py`:
+    1.3x per step at nanoGPT's CPU recipe on 2 cores).
+
+    Sets `--xla_force_host_platform_device_count` in `environ` (default os.environ) before
+    JAX starts; does nothing when that flag is already set (`train.launch_local`, a user's
+    XLA_FLAGS), when JAX has started, for several processes, or for a count of 1. The flag
+    changes only the CPU platform: on a GPU or TPU the run's devices are the accelerators.
+
+    Returns:
+        The device count asked for (1: nothing set).
+    """
+    environ = os.environ if environ is None else environ
+    flags = environ.get("XLA_FLAGS", "")
+    if _HOST_DEVICES_FLAG in flags or num_processes > 1:
+        return 1
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():
+        return 1
+    count = config.get("cpu_devices", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        return 1  # validate_config names the bad value before any work
+    count = count or auto_cpu_devices(config, usable_cores())
+    if count > 1:
+        environ["XLA_FLAGS"] = f"{flags} {_HOST_DEVICES_FLAG}={count}".strip()
+    return count
+
+
 def is_primary() -> bool:
     """True in process 0, the one that writes the run's files."""
     return jax.process_index() == 0
