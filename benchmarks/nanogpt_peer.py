@@ -297,9 +297,7 @@ def worker(variant: str, recipe_name: str, dropout: float) -> None:
         variant, _, devices = variant.partition("@")
         name, _, attention_impl = variant.partition("+")
         rng_impl = name.partition(":")[2] or "threefry2x32"
-        run, note = our_step(
-            recipe, dropout, rng_impl, attention_impl or "xla", int(devices or 0)
-        )
+        run, note = our_step(recipe, dropout, rng_impl, attention_impl or "xla", int(devices or 0))
     else:
         # eager, compile, or with a thread count: eager@1 (torch.set_num_threads(1))
         kind, _, threads = variant.partition("@")
@@ -366,8 +364,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--variants",
         default="ours,eager,compile",
-        help="the first is the baseline of the ratios: ours[:rng_impl][+attention_impl][@cpu_devices], "
-        "eager[@threads], compile[@threads]",
+        help="the first is the baseline of the ratios: "
+        "ours[:rng_impl][+attention_impl][@cpu_devices], eager[@threads], compile[@threads]",
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")

@@ -24,6 +24,7 @@ from flax_transformer.functional import (
     combine_masks,
     dot_product_attention,
     feed_forward,
+    gelu,
     layer_norm,
     multi_head_attention,
     padding_mask,
@@ -486,6 +487,28 @@ class FeedForwardTest(chex.TestCase):
             h = 0.5 * h * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * h**3)))
         expected = h @ w2_64 + (np.asarray(b2, np.float64) if use_bias else 0.0)
         np.testing.assert_allclose(out, expected, **TOL)
+
+
+class GeluTest(chex.TestCase):
+    def test_equals_the_exact_gelu_in_float64_with_its_gradient(self):
+        # x * Phi(x) with Phi the normal CDF (Hendrycks & Gimpel 2016, eq. 1), from math.erf.
+        x = np.concatenate([np.linspace(-12.0, 12.0, 4001), _normal(0, (1000,)) * 3.0])
+        x = x.astype(np.float32)
+        x64 = x.astype(np.float64)
+        erf = np.vectorize(math.erf)
+        cdf = 0.5 * (1.0 + erf(x64 / math.sqrt(2.0)))
+        pdf = np.exp(-0.5 * x64**2) / math.sqrt(2.0 * math.pi)
+        out = jax.jit(gelu)(x)
+        grad = jax.jit(jax.vmap(jax.grad(gelu)))(x)
+        self.assertEqual(out.dtype, jnp.float32)
+        np.testing.assert_allclose(out, x64 * cdf, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grad, cdf + x64 * pdf, rtol=1e-6, atol=1e-6)
+        # The same function as jax.nn.gelu's exact form, to float32 rounding.
+        np.testing.assert_allclose(out, jax.nn.gelu(x, approximate=False), atol=2e-6)
+
+    def test_keeps_bfloat16(self):
+        out = gelu(jnp.linspace(-3, 3, 7, dtype=jnp.bfloat16))
+        self.assertEqual(out.dtype, jnp.bfloat16)
 
 
 class ProjectTest(chex.TestCase):

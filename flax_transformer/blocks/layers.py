@@ -19,6 +19,7 @@ from flax_transformer import axes
 from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import LayerConfig, TransformerConfig
 from flax_transformer.layers import FeedForward, LayerNorm, MultiHeadAttention, RMSNorm
+from flax_transformer.layers.dropout import Dropout
 
 
 def as_layer_config(config: LayerConfig | TransformerConfig) -> LayerConfig:
@@ -108,7 +109,7 @@ class _Residual:
         self.config, self.deterministic = config, deterministic
 
     def __call__(self, x, norm: LayerNorm, sublayer: Callable[[jax.Array], jax.Array]):
-        drop = nn.Dropout(rate=self.config.dropout_rate, deterministic=self.deterministic)
+        drop = Dropout(rate=self.config.dropout_rate, deterministic=self.deterministic)
         if self.config.norm_position == "pre":
             return x + drop(sublayer(norm(x)))
         return norm(x + drop(sublayer(x)))

@@ -26,6 +26,7 @@ from flax_transformer.blocks.layers import DecoderLayer, EncoderLayer, make_laye
 from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import TransformerConfig
 from flax_transformer.layers import PositionalEncoding
+from flax_transformer.layers.dropout import Dropout
 from flax_transformer.layers.initializers import partitioned
 
 
@@ -286,7 +287,7 @@ def _embed_inputs(
             x_BTD = x_BTD * jnp.sqrt(cfg.d_model).astype(x_BTD.dtype)
     if cfg.positional != "rope":  # rotary positions live in self-attention instead
         x_BTD = _positions(cfg)(x_BTD, positions_BT=positions_BT)
-    x_BTD = nn.Dropout(rate=cfg.dropout_rate, deterministic=deterministic)(x_BTD)
+    x_BTD = Dropout(rate=cfg.dropout_rate, deterministic=deterministic)(x_BTD)
     return nn.with_logical_constraint(x_BTD, (axes.BATCH, axes.LENGTH, axes.EMBED))
 
 

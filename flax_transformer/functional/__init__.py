@@ -14,7 +14,8 @@ from flax_transformer.functional.attention import (
     simple_self_attention,
     softmax_dtype,
 )
-from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward
+from flax_transformer.functional.dropout import dropout, keep_mask
+from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward, gelu
 from flax_transformer.functional.lora import lora_delta
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
@@ -46,8 +47,11 @@ __all__ = [
     "causal_mask",
     "combine_masks",
     "dot_product_attention",
+    "dropout",
     "feed_forward",
     "gated_feed_forward",
+    "gelu",
+    "keep_mask",
     "label_smoothed_cross_entropy",
     "layer_norm",
     "lora_delta",

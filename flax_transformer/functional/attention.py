@@ -19,6 +19,7 @@ from flax_transformer.checks.arguments import (
     check_floating,
     check_number,
 )
+from flax_transformer.functional.dropout import dropout
 from flax_transformer.functional.masks import as_dense
 
 # Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
@@ -194,8 +195,7 @@ def dot_product_attention(
 
     used_TS = weights_TS
     if dropout_rng is not None and dropout_rate > 0.0:
-        keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, used_TS.shape)
-        used_TS = jnp.where(keep, used_TS / (1.0 - dropout_rate), 0.0)
+        used_TS = dropout(used_TS, dropout_rate, dropout_rng)
 
     out = jnp.einsum("ts,sh->th", used_TS.astype(v.dtype), v)
     if mask is not None:

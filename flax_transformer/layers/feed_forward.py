@@ -11,7 +11,7 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
-from flax_transformer.functional import feed_forward, gated_feed_forward
+from flax_transformer.functional import feed_forward, gated_feed_forward, gelu
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 from flax_transformer.layers.lora import adapt_kernel
 
@@ -20,7 +20,7 @@ _LORA_TARGET = {"wi_kernel": "up", "wg_kernel": "gate", "wo_kernel": "down"}
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu": gelu,  # exact, in the erf form (functional.gelu)
     "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
 }
 
@@ -28,7 +28,7 @@ ACTIVATIONS = {
 # Gated variants (Shazeer 2020): the activation applied to the gate projection.
 GATED_ACTIVATIONS = {
     "swiglu": jax.nn.silu,  # Llama, Mistral, Qwen2
-    "geglu": lambda x: jax.nn.gelu(x, approximate=False),
+    "geglu": gelu,
 }
 
 
