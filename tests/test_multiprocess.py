@@ -9,6 +9,7 @@ uninterrupted run ends. The fast tests check the data shares as pure functions.
 
 import json
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -196,6 +197,55 @@ def test_a_negative_cpu_device_count_is_refused_by_name():
 
     with pytest.raises(ValueError, match=r"--config.cpu_devices=-1"):
         config_lib.validate_config(_default_config(cpu_devices=-1))
+
+
+_QUEUED_STEPS_SCRIPT = """
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+import numpy as np
+sys.path.insert(0, {tests!r})
+from train_helpers import tiny_config
+from train import train_lib
+from train.config import config_lib
+from train.program import metrics, steps, tasks
+assert jax.device_count() == 2
+# 1. Validation: 300 batches, more than XLA's in-process all-reduce survives queued at once.
+config = tiny_config({corpus!r}, task="lm", corpus="text", packing="stream", num_train_steps=300,
+                     log_every_steps=1000, eval_every_steps=1000, checkpoint_every_steps=1000,
+                     bleu_examples=0, sample_prompts=("In",))
+experiment = config_lib.validate_config(config)
+task = tasks.get_task("lm")
+mesh = train_lib.make_mesh(experiment.run.mesh_shape)
+program = train_lib.build_program(experiment, task, mesh, 260, unk_id=1)
+state = steps.create_train_state(program.model, task, program.tx, mesh, 0, "threefry2x32")
+rng = np.random.default_rng(0)
+batches = [
+    {{key: rng.integers(1, 260, (16, 16)).astype(np.int32) for key in ("inputs", "targets")}}
+    for _ in range(300)
+]
+out = metrics.evaluate_loss(program.eval_step, state.params, batches, program.put_batch)
+assert out["tokens"] == 300 * 16 * 16, out
+# 2. Training: 300 steps with no metrics fetch in between (log_every_steps=1000).
+train_lib.train_and_evaluate(config, {workdir!r})
+print("done")
+"""
+
+
+def test_hundreds_of_queued_steps_on_two_cpu_devices_do_not_deadlock(tmp_path):
+    # XLA's in-process all-reduce (several CPU devices in one process, as train.main's
+    # --config.cpu_devices makes) aborts after 40 s when a few hundred steps are dispatched
+    # before any is waited for; validation and the training loop bound what is in flight.
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("".join(f"line {i} of a small text, said the tester.\n" for i in range(400)))
+    script = _QUEUED_STEPS_SCRIPT.format(
+        tests=str(pathlib.Path(__file__).parent), corpus=str(corpus), workdir=str(tmp_path / "run")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=240
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("done")
 
 
 def test_bad_distributed_flags_are_usage_errors():

@@ -39,6 +39,7 @@ from train.data import input_pipeline
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.program import finetune, pretrained, steps
 from train.program.metrics import (
+    STEPS_IN_FLIGHT,
     MetricsWriter,
     TrainingDivergedError,
     TrainLog,
@@ -429,6 +430,11 @@ def _run(
         checkpointer.save(step, state, {"stream": stream.state_dict(), "step": step})
 
     total, valid = settings.num_train_steps, None
+    # Several CPU devices in one process (train.main's --config.cpu_devices): XLA's
+    # in-process all-reduce deadlocks when hundreds of steps are queued, so the loop waits
+    # for a step every STEPS_IN_FLIGHT steps (the metrics fetch every log_every_steps
+    # already does when that is smaller).
+    bounded = jax.default_backend() == "cpu" and jax.local_device_count() > 1
     with progress_bar(total, int(state.step), enabled=primary) as bar:
         say = bar.write if primary else lambda text: None
         for step in range(int(state.step) + 1, total + 1):
@@ -437,6 +443,8 @@ def _run(
             # This process's rows only: with equal shares, times the share count is the whole.
             log.add(step, metrics, task.tokens_in(batch, pad_id) * share.count)
             bar.update(1)
+            if bounded and step % STEPS_IN_FLIGHT == 0:
+                jax.block_until_ready(metrics)
             if step % settings.log_every_steps == 0 or step == total:
                 summary = log.check()
                 writer.write(step, "train", summary)

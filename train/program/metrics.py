@@ -236,6 +236,11 @@ class TrainLog:
         return summary
 
 
+# Steps dispatched before one is waited for, in validation (evaluate_loss) and on several
+# CPU devices in the training loop (train_lib).
+STEPS_IN_FLIGHT = 16
+
+
 def evaluate_loss(
     eval_step: Callable, params: Any, batches: Sequence, put_batch: Callable, chars_per_token=None
 ) -> dict[str, float]:
@@ -246,10 +251,22 @@ def evaluate_loss(
         (and bits_per_char when chars_per_token is given).
     """
     sums = dict.fromkeys(SUM_KEYS, 0.0)
-    pending = [eval_step(params, put_batch(batch)) for batch in batches]
-    for step_sums in jax.device_get(pending):
-        for key in SUM_KEYS:
-            sums[key] += float(step_sums[key])
+    pending = []
+
+    def collect():
+        for step_sums in jax.device_get(pending):
+            for key in SUM_KEYS:
+                sums[key] += float(step_sums[key])
+        pending.clear()
+
+    for batch in batches:
+        pending.append(eval_step(params, put_batch(batch)))
+        # A bounded number of steps in flight: on several CPU devices (train.main's
+        # --config.cpu_devices) hundreds of queued steps deadlock XLA's in-process
+        # all-reduce (one device's step waits in the collective for a partner never launched).
+        if len(pending) == STEPS_IN_FLIGHT:
+            collect()
+    collect()
     return summarize(sums, chars_per_token)
 
 
