@@ -10,7 +10,8 @@ validate, each as one document (cut mid-verse, as nanoGPT cuts). Both parts are 
 `--workdir` (`kjv_train.txt`, `kjv_valid.txt`) and given to the program as a user would:
 `--config.corpus=text --config.corpus_path=kjv_train.txt --config.valid_path=kjv_valid.txt
 --config.text_documents=file` (each file one verbatim document, no hash split); everything
-else is `train_lib.train_and_evaluate` as `train.main` runs it.
+else is `train_lib.train_and_evaluate` as `train.main` runs it (on the CPU devices it
+makes: `--config.cpu_devices`, 2 on a 2-core machine at batch 12).
 
 Recipe: nanoGPT's CPU command for shakespeare_char (`--block_size=64 --batch_size=12
 --n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0`
@@ -106,6 +107,9 @@ def main() -> None:
 
     started = time.time()
     config = recipe(flags.steps, train_file, valid_file)
+    from train.run import distributed
+
+    distributed.split_cpu(config)  # the CPU devices train.main would make (before JAX starts)
     results = train_lib.train_and_evaluate(config, str(workdir / "run"))
     wall = time.time() - started
     valid = results["valid"]

@@ -1,6 +1,7 @@
 """The matmuls of one training step, alone, in jax and in torch (one process each).
 
-    python -m benchmarks.matmul_shapes
+    python -m benchmarks.matmul_shapes                  # dec_small / encdec steps
+    python -m benchmarks.matmul_shapes nanogpt_gpu      # nanoGPT's GPU recipe on 8 rows
 
 A minimal reproduction for the training-speed gap to torch eager on a CPU: if XLA runs the
 step's own matmul shapes (forward and both gradient forms) slower than torch does, the gap
@@ -44,6 +45,25 @@ SHAPES = [
     ("dec_small attention P V", _SB, _SL, _SL, _SH, False, False),
 ]
 
+# nanoGPT's shakespeare_char GPU recipe (6 x 384, 6 heads, 256 tokens, vocabulary 65) on 8
+# rows (benchmarks/nanogpt_peer.py's gpu_b8): its step's products, forward and gradients.
+_NT, _ND, _NF, _NV, _NB, _NL, _NH = 8 * 256, 384, 4 * 384, 65, 8 * 6, 256, 64
+NANOGPT_GPU = [
+    ("qkv fwd", 1, _NT, _ND, 3 * _ND, False, False),
+    ("qkv dX = dY W^T", 1, _NT, 3 * _ND, _ND, False, True),
+    ("qkv dW = X^T dY", 1, _ND, _NT, 3 * _ND, True, False),
+    ("ffn in fwd", 1, _NT, _ND, _NF, False, False),
+    ("ffn in dW = X^T dY", 1, _ND, _NT, _NF, True, False),
+    ("ffn out fwd", 1, _NT, _NF, _ND, False, False),
+    ("ffn out dX = dY W^T", 1, _NT, _ND, _NF, False, True),
+    ("logits fwd", 1, _NT, _ND, _NV, False, False),
+    ("attention Q K^T", _NB, _NL, _NH, _NL, False, True),
+    ("attention P V", _NB, _NL, _NL, _NH, False, False),
+    ("attention dP = dO V^T", _NB, _NL, _NH, _NL, False, True),
+    ("attention dV = P^T dO", _NB, _NL, _NL, _NH, True, False),
+]
+SHAPE_SETS = {"default": SHAPES, "nanogpt_gpu": NANOGPT_GPU}
+
 
 def _operands(g, m, k, n, ta, tb, make):
     """A (M, K) and B (K, N), `g` of each when g > 1, built transposed-in-storage where the
@@ -57,7 +77,7 @@ def _operands(g, m, k, n, ta, tb, make):
 _STEPS = 20
 
 
-def _time_jax() -> dict[str, float]:
+def _time_jax(shapes) -> dict[str, float]:
     import time
 
     import jax
@@ -66,7 +86,7 @@ def _time_jax() -> dict[str, float]:
 
     out = {}
     rng = np.random.default_rng(0)
-    for name, g, m, k, n, ta, tb in SHAPES:
+    for name, g, m, k, n, ta, tb in shapes:
         a, b = _operands(
             g, m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32)
         )
@@ -85,14 +105,14 @@ def _time_jax() -> dict[str, float]:
     return out
 
 
-def _time_torch() -> dict[str, float]:
+def _time_torch(shapes) -> dict[str, float]:
     import time
 
     import numpy as np
     import torch
 
     out = {}
-    for name, g, m, k, n, ta, tb in SHAPES:
+    for name, g, m, k, n, ta, tb in shapes:
         a, b = _operands(g, m, k, n, ta, tb, lambda s: torch.randn(*s))
         # Strided views, as autograd passes them.
         a, b = (a.transpose(-1, -2) if ta else a), (b.transpose(-1, -2) if tb else b)
@@ -107,26 +127,39 @@ def _time_torch() -> dict[str, float]:
 
 
 def main() -> None:
-    if len(sys.argv) > 1:  # a worker: time one framework, print JSON
-        print(json.dumps(_time_jax() if sys.argv[1] == "jax" else _time_torch()))
+    args = sys.argv[1:]
+    if args and args[0] in ("jax", "torch"):  # a worker: time one framework, print JSON
+        shapes = SHAPE_SETS[args[1] if len(args) > 1 else "default"]
+        print(json.dumps(_time_jax(shapes) if args[0] == "jax" else _time_torch(shapes)))
         return
+    set_name = args[0] if args else "default"
+    if set_name not in SHAPE_SETS:
+        sys.exit(f"unknown shape set {set_name!r}; choose one of {sorted(SHAPE_SETS)}")
     results = {}
     for framework in ("jax", "torch"):
         run = subprocess.run(
-            [sys.executable, "-m", "benchmarks.matmul_shapes", framework],
+            [sys.executable, "-m", "benchmarks.matmul_shapes", framework, set_name],
             capture_output=True,
             text=True,
             check=True,
         )
         results[framework] = json.loads(run.stdout.strip().splitlines()[-1])
-    print(f"# machine: {machine_line()}; float32, median of {_STEPS}")
+    print(f"# machine: {machine_line()}; float32, median of {_STEPS}; shapes {set_name}")
     head = f"{'matmul ([G x] M x K x N)':<42} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14}"
     print(f"{head} {'jax/torch':>10}")
-    for name, g, m, k, n, _, _ in SHAPES:
+    totals = {"jax": 0.0, "torch": 0.0}
+    for name, g, m, k, n, _, _ in SHAPE_SETS[set_name]:
         flops = 2 * g * m * k * n
         j, t = flops / results["jax"][name] / 1e9, flops / results["torch"][name] / 1e9
+        for framework in totals:
+            totals[framework] += results[framework][name]
         label = f"{name} ({g}x{m}x{k}x{n})" if g > 1 else f"{name} ({m}x{k}x{n})"
         print(f"{label:<42} {j:12.1f} {t:14.1f} {j / t:10.2f}")
+    ratio = totals["torch"] / totals["jax"]
+    print(
+        f"all shapes once: jax {1e3 * totals['jax']:.1f} ms, torch "
+        f"{1e3 * totals['torch']:.1f} ms (jax/torch speed {ratio:.2f})"
+    )
 
 
 if __name__ == "__main__":
