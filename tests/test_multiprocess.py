@@ -145,7 +145,10 @@ def _default_config(**fields):
     "fields, cores, expected",
     [
         (dict(task="lm", packing="stream", batch_size=12, max_len=64), 2, 2),
-        (dict(task="lm", packing="stream", batch_size=12, max_len=64), 8, 6),
+        (dict(task="lm", packing="stream", batch_size=12, max_len=64), 3, 3),
+        # at most AUTO_MAX_CPU_DEVICES (4), each holding a copy of the state
+        (dict(task="lm", packing="stream", batch_size=12, max_len=64), 16, 4),
+        (dict(task="lm", packing="stream", batch_size=30, max_len=64), 16, 3),
         (dict(task="lm", packing="stream", batch_size=7, max_len=64), 2, 1),
         # the default: whole examples packed, 2048 // 96 = 21 rows per batch
         (dict(), 2, 1),

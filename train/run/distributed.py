@@ -94,6 +94,8 @@ def initialize(coordinator_address: str | None, num_processes: int, process_id: 
     jax.distributed.initialize(coordinator_address, num_processes, process_id)
 
 
+# The most CPU devices --config.cpu_devices=0 (auto) makes.
+AUTO_MAX_CPU_DEVICES = 4
 # The XLA flag that makes the CPU platform show several devices (read when JAX starts).
 _HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
 
@@ -109,8 +111,10 @@ def usable_cores() -> int:
 def auto_cpu_devices(config, cores: int) -> int:
     """How many CPU devices `--config.cpu_devices=0` (auto) makes of `cores` cores.
 
-    The largest count, at most `cores`, that divides every batch's rows, so the batches are
-    the same as on one device and only the float reduction order of the gradient changes.
+    The largest count, at most `cores` and at most AUTO_MAX_CPU_DEVICES, that divides every
+    batch's rows, so the batches are the same as on one device and only the float reduction
+    order of the gradient changes. (The cap: each device holds its own copy of the
+    parameters and optimizer state, and the gain was measured on 2 cores only.)
     One (no split) where the rows are not fixed by the config (length buckets with
     `tokens_per_batch`), where `mesh_shape` names sizes other than data = -1, or where
     several processes share the run (each is given its devices by its launcher).
@@ -126,7 +130,8 @@ def auto_cpu_devices(config, cores: int) -> int:
         (rows,) = batching.rows_per_batch([config.max_len], None, config.tokens_per_batch, 1)
     else:
         return 1
-    return max(d for d in range(1, max(cores, 1) + 1) if rows % d == 0)
+    most = max(min(cores, AUTO_MAX_CPU_DEVICES), 1)
+    return max(d for d in range(1, most + 1) if rows % d == 0)
 
 
 def split_cpu(config, num_processes: int = 1, environ=None) -> int:
