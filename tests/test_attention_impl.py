@@ -18,6 +18,7 @@ from flax_transformer import DecoderOnlyTransformer, MultiHeadAttention, Transfo
 from flax_transformer.functional import AttentionMask
 from flax_transformer.functional.attention import grouped_heads_attention
 from flax_transformer.functional.blocked_attention import blocked_attention
+from flax_transformer.functional.dropout import drop_threshold, keep_mask
 from flax_transformer.layers.attention_op import attention_op, splash_interpret
 
 KEY = jax.random.key(24)
@@ -212,8 +213,70 @@ def test_blocked_matches_the_reference_forward_and_backward(case, block):
         chex.assert_trees_all_close(grad, ref, atol=1e-5)
 
 
+def _dropped_reference(q, k, v, mask, key, rate, block):
+    """Attention with dropout Z on the softmax weights, Z drawn as blocked_attention draws
+    it: block j's keep mask from fold_in(key, j), the blocks side by side."""
+    b, t, n, h = q.shape
+    s = k.shape[1]
+    k, v = (jnp.repeat(x, n // x.shape[2], axis=2) for x in (k, v))
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(h)
+    dense = mask.dense(t, s)
+    weights = jax.nn.softmax(jnp.where(dense, scores, -jnp.inf), axis=-1)
+    weights = jnp.where(dense & jnp.any(dense, -1, keepdims=True), weights, 0.0)
+    blocks = -(-s // block)
+    keep = [keep_mask(jax.random.fold_in(key, j), rate, (b, n, t, block)) for j in range(blocks)]
+    keep = jnp.concatenate(keep, axis=-1)[..., :s]
+    scale = 65536 / (65536 - drop_threshold(rate))
+    return jnp.einsum("bnts,bsnh->btnh", jnp.where(keep, weights * scale, 0.0), v)
+
+
+@pytest.mark.parametrize("block", [48, 128])
+@pytest.mark.parametrize("case", ["causal_packed_gqa", "causal_padding"])
+def test_blocked_dropout_matches_the_reference_with_the_same_masks(case, block):
+    """Dropout drawn per key block in both passes: forward and gradients equal attention with
+    the same keep masks applied to the softmax weights."""
+    shape, make_mask = CASES[case]
+    q, k, v = _qkv(*shape)
+    mask, key, rate = make_mask(), jax.random.key(7), 0.3
+    ref_value, ref_grads = _loss(
+        lambda q, k, v: _dropped_reference(q, k, v, mask, key, rate, block)
+    )(q, k, v)
+
+    def blocked(q, k, v):
+        return blocked_attention(
+            q, k, v, key_valid_BS=mask.key_valid_BS, q_segments_BT=mask.q_segments_BT,
+            kv_segments_BS=mask.kv_segments_BS, causal=mask.causal, block=block,
+            dropout_rate=rate, dropout_rng=key,
+        )  # fmt: skip
+
+    _, grads = jax.jit(_loss(blocked))(q, k, v)
+    out = blocked(q, k, v)
+    # Every output to 1e-5 (the loss, a sum over 65k of them, is compared through them).
+    chex.assert_trees_all_close(out, _dropped_reference(q, k, v, mask, key, rate, block), atol=1e-5)
+    assert not np.allclose(out, _reference(q, k, v, mask), atol=1e-3)  # dropout did act
+    for grad, ref in zip(grads, ref_grads, strict=True):
+        chex.assert_trees_all_close(grad, ref, atol=1e-5)
+
+
+def test_blocked_dropout_keeps_the_expectation_and_runs_through_attention_op():
+    q, k, v = _qkv(1, 64, 64, 2, 2, head_dim=16)
+    mask, rate, draws = AttentionMask(causal=True), 0.5, 400
+    attend = jax.jit(
+        lambda key: attention_op(q, k, v, mask, impl="blocked", dropout_rate=rate, dropout_rng=key)[
+            0
+        ]
+    )
+    outs = np.stack([attend(jax.random.key(i)) for i in range(draws)])
+    # Unbiased: the mean of the draws is within 5 standard errors of the undropped output.
+    error = np.abs(outs.mean(0) - np.asarray(_reference(q, k, v, mask)))
+    assert np.all(error <= 5 * outs.std(0) / np.sqrt(draws) + 1e-5)
+    assert outs.std(0).max() > 0.1  # and the draws do differ
+    with pytest.raises(ValueError, match="rate"):
+        blocked_attention(q, k, v, causal=True, dropout_rate=1.0, dropout_rng=jax.random.key(0))
+
+
 def test_blocked_through_attention_op_without_a_mask_and_with_dense_or_dropout():
-    """No mask: plain attention; a dense mask, dropout or the weights: the reference runs."""
+    """No mask: plain attention; a dense mask or the weights: the reference runs."""
     q, k, v = _qkv(1, 40, 40, 2, 2, head_dim=16)
     out, weights = attention_op(q, k, v, None, impl="blocked")
     chex.assert_trees_all_close(out, _reference(q, k, v, None), atol=1e-5)

@@ -14,9 +14,15 @@ probabilities from them, so no `T x S` array is kept for the gradient either.
 
 Masks come as their parts (`AttentionMask`: padding keys, causal flag, segment ids), never
 dense: each block's mask is built from positions and ids. A query that sees no key gets
-zeros (as the reference). Grouped-query heads are repeated to N heads first. No dropout on
-the weights and no weights returned: `attention_op` runs the reference when either is
-asked for.
+zeros (as the reference). Grouped-query heads are repeated to N heads first. No weights are
+returned: `attention_op` runs the reference when they are asked for.
+
+Dropout on the weights (`dropout_rate`, `dropout_rng`) is drawn block by block: block j's
+keep mask is `functional.dropout.keep_mask(fold_in(dropout_rng, j), rate, (B, N, T,
+block))`, drawn again in the backward pass instead of stored. The softmax normaliser sums
+the undropped probabilities, as the reference's dropout after the softmax does; only the
+products with the values see the dropped ones. The masks are not the reference's (which
+draws per (example, head) key), so the two agree in distribution, not draw for draw.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+
+from flax_transformer.functional.dropout import drop_threshold, keep_mask
 
 # Keys per scan step: scores of a (T, 128) block stay in cache for T up to a few thousand.
 DEFAULT_BLOCK = 128
@@ -62,7 +70,16 @@ def _blocks(x_BSNH, block):
     return x_BSNH.reshape(b, s // block, block, n, h).transpose(1, 0, 2, 3, 4)
 
 
-def _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
+def _dropped(p_BNTK, j, dropout_key, rate):
+    """Block j's probabilities with dropout (kept ones scaled), or as they are at rate 0."""
+    if not rate:
+        return p_BNTK
+    keep = keep_mask(jax.random.fold_in(dropout_key, j), rate, p_BNTK.shape)
+    scale = 65536.0 / (65536 - drop_threshold(rate))
+    return jnp.where(keep, p_BNTK * scale, 0.0)
+
+
+def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
     q_len = q_BTNH.shape[1]
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
     qs_BTNH = q_BTNH.astype(jnp.float32) * scale
@@ -85,7 +102,7 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
         rescale = jnp.exp(m_BNT - safe_m)
         l_BNT = l_BNT * rescale + p_BNTK.sum(-1)
         acc_BNTH = acc_BNTH * rescale[..., None] + jnp.einsum(
-            "bntk,bknh->bnth", p_BNTK, v_BKNH.astype(jnp.float32)
+            "bntk,bknh->bnth", _dropped(p_BNTK, j, dropout_key, rate), v_BKNH.astype(jnp.float32)
         )
         return (new_m, l_BNT, acc_BNTH), None
 
@@ -99,23 +116,26 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
     return out_BNTH.transpose(0, 2, 1, 3).astype(q_BTNH.dtype), lse_BNT
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _attend(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
-    return _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _attend(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
+    args = (masks, dropout_key, causal, block, kv_len, rate)
+    return _forward(q_BTNH, k_BSNH, v_BSNH, *args)[0]
 
 
-def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len):
-    out_BTNH, lse_BNT = _forward(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)
-    return out_BTNH, (q_BTNH, k_BSNH, v_BSNH, masks, out_BTNH, lse_BNT)
+def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
+    args = (masks, dropout_key, causal, block, kv_len, rate)
+    out_BTNH, lse_BNT = _forward(q_BTNH, k_BSNH, v_BSNH, *args)
+    return out_BTNH, (q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT)
 
 
-def _attend_bwd(causal, block, kv_len, res, dout_BTNH):
-    q_BTNH, k_BSNH, v_BSNH, masks, out_BTNH, lse_BNT = res
+def _attend_bwd(causal, block, kv_len, rate, res, dout_BTNH):
+    q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT = res
     q_len = q_BTNH.shape[1]
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
     qs_BTNH = q_BTNH.astype(jnp.float32) * scale
     dout_BTNH = dout_BTNH.astype(jnp.float32)
-    # D_t = sum_h dout * out = sum_s p_ts dp_ts: the softmax backward's subtracted term.
+    # D_t = sum_h dout * out = sum_s p_ts dp_ts: the softmax backward's subtracted term
+    # (with dropout Z: out = (p Z) v and dp = (dout v^T) Z, so still sum_h dout * out).
     d_BNT = jnp.einsum("btnh,btnh->bnt", dout_BTNH, out_BTNH.astype(jnp.float32))
 
     def step(dq_BTNH, xs):
@@ -124,9 +144,11 @@ def _attend_bwd(causal, block, kv_len, res, dout_BTNH):
         s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH)
         valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
         p_BNTK = jnp.where(valid, jnp.exp(s_BNTK - lse_BNT[..., None]), 0.0)
-        dv_BKNH = jnp.einsum("bntk,btnh->bknh", p_BNTK, dout_BTNH)
-        dp_BNTK = jnp.einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH)
-        ds_BNTK = p_BNTK * (dp_BNTK - d_BNT[..., None])
+        pz_BNTK = _dropped(p_BNTK, j, dropout_key, rate)
+        dv_BKNH = jnp.einsum("bntk,btnh->bknh", pz_BNTK, dout_BTNH)
+        dpz_BNTK = jnp.einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH)
+        # p * dp with dp = dpz * Z: the dropped probabilities times dpz.
+        ds_BNTK = pz_BNTK * dpz_BNTK - p_BNTK * d_BNT[..., None]
         dq_BTNH = dq_BTNH + jnp.einsum("bntk,bknh->btnh", ds_BNTK, k_BKNH) * scale
         dk_BKNH = jnp.einsum("bntk,btnh->bknh", ds_BNTK, qs_BTNH)
         return dq_BTNH, (dk_BKNH, dv_BKNH)
@@ -145,6 +167,7 @@ def _attend_bwd(causal, block, kv_len, res, dout_BTNH):
         unblock(dk_NBKNH, k_BSNH),
         unblock(dv_NBKNH, v_BSNH),
         mask_cotangents,
+        None,  # the dropout key
     )
 
 
@@ -161,6 +184,8 @@ def blocked_attention(
     kv_segments_BS: jax.Array | None = None,
     causal: bool = False,
     block: int = DEFAULT_BLOCK,
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention of every head, key block by key block.
 
@@ -175,6 +200,9 @@ def blocked_attention(
       q_segments_BT, kv_segments_BS: int segment ids (0 = padding), both or neither.
       causal: query t sees keys s <= t only (T == S).
       block: keys per scan step (S is padded up to a multiple of it, the padding masked).
+      dropout_rate, dropout_rng: dropout on the attention weights (to 2**-16, see
+        `functional.dropout`), drawn per key block (module docstring); off when the key is
+        None or the rate 0.
 
     Returns:
       `(B, T, N, H)` in the queries' dtype; zeros for a query that sees no key.
@@ -200,7 +228,13 @@ def blocked_attention(
         q_segments_BT,
         None if kv_segments_BS is None else _padded(kv_segments_BS, 1, padded),
     )
-    return _attend(q_BTNH, k_BSNH, v_BSNH, masks, causal, block, kv_len)
+    rate = float(dropout_rate) if dropout_rng is not None else 0.0
+    drop_threshold(rate)  # refuses a rate outside [0, 1), by name
+    if dropout_rng is None:
+        dropout_rng = jax.random.key(0)  # unused at rate 0
+    elif not jnp.issubdtype(jnp.asarray(dropout_rng).dtype, jax.dtypes.prng_key):
+        dropout_rng = jax.random.wrap_key_data(dropout_rng)  # a raw uint32 key
+    return _attend(q_BTNH, k_BSNH, v_BSNH, masks, dropout_rng, causal, block, kv_len, rate)
 
 
 __all__ = ["DEFAULT_BLOCK", "blocked_attention"]

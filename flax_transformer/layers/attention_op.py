@@ -13,8 +13,9 @@ heads here; nothing else knows which kernel runs. The implementations (`attentio
            causal flag plus the dense padding/segment mask.
   blocked  the flash algorithm in `jax.lax` (`functional.blocked_attention`): key blocks
            scanned with an online softmax, masks built per block from an `AttentionMask`,
-           no `(T, S)` array in the forward or the backward pass; any platform. Calls that
-           need dropout, the weights, or pass a dense mask array run `xla` instead.
+           no `(T, S)` array in the forward or the backward pass; any platform; attention
+           dropout drawn per key block. Calls that need the weights or pass a dense mask
+           array run `xla` instead.
 
 The fused kernels (`splash`, `cudnn`) return no weights and have no attention dropout; a
 call that needs either, or a mask they cannot express, raises a ValueError naming the
@@ -98,7 +99,7 @@ def attention_op(
         raise ValueError(f"{fn}: attention_impl={impl!r} is not one of {IMPLEMENTATIONS}.")
     dropout = dropout_rng is not None and dropout_rate > 0.0
     dense = mask is not None and not isinstance(mask, AttentionMask)
-    falls_back = dropout or need_weights or (impl == "blocked" and dense)
+    falls_back = (dropout and impl != "blocked") or need_weights or (impl == "blocked" and dense)
     if kv_head_axis == 1 or impl == "xla" or (impl in ("jax_nn", "blocked") and falls_back):
         return grouped_heads_attention(
             q_BTNH,
@@ -112,7 +113,8 @@ def attention_op(
         )
     _refuse_unsupported(impl, fn, dropout, need_weights)
     if impl == "blocked":
-        return _blocked(q_BTNH, k, v, mask), None
+        rate = dropout_rate if dropout else 0.0
+        return _blocked(q_BTNH, k, v, mask, rate, dropout_rng if dropout else None), None
     if impl == "jax_nn":
         return _jax_nn(q_BTNH, k, v, mask, fn), None
     if impl == "cudnn":
@@ -137,9 +139,10 @@ def _refuse_unsupported(impl: str, fn: str, dropout: bool, need_weights: bool) -
         )
 
 
-def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None):
+def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None, dropout_rate, dropout_rng):
+    drop = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng)
     if mask is None:
-        return blocked_attention(q_BTNH, k_BSKH, v_BSKH)
+        return blocked_attention(q_BTNH, k_BSKH, v_BSKH, **drop)
     return blocked_attention(
         q_BTNH,
         k_BSKH,
@@ -148,6 +151,7 @@ def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None):
         q_segments_BT=mask.q_segments_BT,
         kv_segments_BS=mask.kv_segments_BS,
         causal=mask.causal,
+        **drop,
     )
 
 
