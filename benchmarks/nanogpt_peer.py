@@ -273,19 +273,8 @@ def profile(variant: str, recipe_name: str, dropout: float, steps: int) -> dict:
         run, _ = our_step(recipe, dropout)
         ops = step_profile.jax_ops(run, steps)
         return step_profile._summary(ops, step_profile._xla_class, steps)
-    import collections
-
-    import torch
-
     run, _ = peer_step(recipe, dropout, compiled=variant == "compile")
-    for _ in range(3):
-        run()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            run()
-    ops = collections.Counter()
-    for row in prof.key_averages():
-        ops[row.key] += row.self_cpu_time_total
+    ops = step_profile.torch_ops(run, steps)
     return step_profile._summary(ops, step_profile._torch_class, steps)
 
 

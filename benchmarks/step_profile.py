@@ -107,12 +107,11 @@ def jax_ops(run, steps: int) -> collections.Counter:
     return by_op
 
 
-def profile_torch(size_name: str, dropout: float, steps: int) -> dict:
+def torch_ops(run, steps: int) -> collections.Counter:
+    """Microseconds of self CPU time per torch op over `steps` calls of `run` (after 3
+    untimed)."""
     import torch
 
-    from benchmarks.torch_baseline import torch_step
-
-    run = torch_step(SIZES[size_name], dropout)
     for _ in range(3):
         run()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -121,7 +120,14 @@ def profile_torch(size_name: str, dropout: float, steps: int) -> dict:
     by_op = collections.Counter()
     for row in prof.key_averages():
         by_op[row.key] += row.self_cpu_time_total
-    return _summary(by_op, _torch_class, steps)
+    return by_op
+
+
+def profile_torch(size_name: str, dropout: float, steps: int) -> dict:
+    from benchmarks.torch_baseline import torch_step
+
+    run = torch_step(SIZES[size_name], dropout)
+    return _summary(torch_ops(run, steps), _torch_class, steps)
 
 
 def _summary(by_op: collections.Counter, classify, steps: int) -> dict:

@@ -33,7 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.dropout import drop_threshold, keep_mask
+from flax_transformer.functional.dropout import drop_threshold, dropout
 
 # Keys per scan step: scores of a (T, 128) block stay in cache for T up to a few thousand.
 DEFAULT_BLOCK = 128
@@ -74,9 +74,7 @@ def _dropped(p_BNTK, j, dropout_key, rate):
     """Block j's probabilities with dropout (kept ones scaled), or as they are at rate 0."""
     if not rate:
         return p_BNTK
-    keep = keep_mask(jax.random.fold_in(dropout_key, j), rate, p_BNTK.shape)
-    scale = 65536.0 / (65536 - drop_threshold(rate))
-    return jnp.where(keep, p_BNTK * scale, 0.0)
+    return dropout(p_BNTK, rate, jax.random.fold_in(dropout_key, j))
 
 
 def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
