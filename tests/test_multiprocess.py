@@ -195,6 +195,31 @@ def test_split_cpu_sets_the_host_device_flag_only_before_jax_starts(monkeypatch)
     assert distributed.split_cpu(lm, environ=env) == 1 and env == {}
 
 
+@pytest.mark.parametrize(
+    "env, processes, started, why",
+    [
+        ({"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}, 1, False, "XLA_FLAGS"),
+        ({}, 2, False, "the run has several processes"),
+        ({}, 1, True, "JAX had started"),
+    ],
+)
+def test_an_explicit_cpu_device_count_that_cannot_apply_is_a_warning(
+    monkeypatch, caplog, env, processes, started, why
+):
+    from jax._src import xla_bridge
+
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", lambda: started)
+    config = _default_config(task="lm", packing="stream", batch_size=12, cpu_devices=2)
+    with caplog.at_level("WARNING"):
+        assert distributed.split_cpu(config, num_processes=processes, environ=env) == 1
+    assert f"--config.cpu_devices=2 is not applied: {why}" in caplog.text
+    caplog.clear()
+    config.cpu_devices = 0  # auto says nothing
+    with caplog.at_level("WARNING"):
+        distributed.split_cpu(config, num_processes=processes, environ=env)
+    assert caplog.text == ""
+
+
 def test_a_negative_cpu_device_count_is_refused_by_name():
     from train.config import config_lib
 
@@ -376,3 +401,17 @@ def test_a_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_finishes(
     assert saved[0] == CHECKPOINT_EVERY and CHECKPOINT_EVERY < saved[-1] < STEPS, saved
     assert _run(2, 4, args) == 0
     assert json.loads((workdir / "results.json").read_text())["step"] == STEPS
+
+
+def test_train_lib_says_when_the_cpu_devices_asked_for_are_not_there(tmp_path, caplog):
+    # In-process (a notebook, these tests) JAX has already started on its devices.
+    from train import train_lib
+
+    config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=1, bleu_examples=0)
+    config.cpu_devices = jax.local_device_count() + 1
+    with caplog.at_level("WARNING"):
+        train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+    assert (
+        f"--config.cpu_devices={config.cpu_devices}: this process has "
+        f"{jax.local_device_count()} CPU device(s)" in caplog.text
+    )

@@ -318,6 +318,14 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     """Builds the data and the program of a run, then its state: fresh, or the newest good
     checkpoint's with the data stream where it stopped."""
     settings = experiment.run
+    asked = settings.cpu_devices
+    if asked > 1 and jax.default_backend() == "cpu" and jax.local_device_count() != asked:
+        logging.warning(
+            "--config.cpu_devices=%d: this process has %d CPU device(s); only train.main makes "
+            "them (before JAX starts), so the run uses those.",
+            asked,
+            jax.local_device_count(),
+        )
     resuming = checkpointer.latest_step() is not None
     mesh = make_mesh(settings.mesh_shape)
     share = distributed.batch_row_share(mesh, sharding_lib.batch_sharding(mesh))

@@ -20,6 +20,7 @@ With one process all of this is a no-op.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax
@@ -142,7 +143,8 @@ def split_cpu(config, num_processes: int = 1, environ=None) -> int:
 
     Sets `--xla_force_host_platform_device_count` in `environ` (default os.environ) before
     JAX starts; does nothing when that flag is already set (`train.launch_local`, a user's
-    XLA_FLAGS), when JAX has started, for several processes, or for a count of 1. The flag
+    XLA_FLAGS), when JAX has started, for several processes, or for a count of 1 (an explicit
+    count above 1 that cannot be applied is logged as a warning). The flag
     changes only the CPU platform: on a GPU or TPU the run's devices are the accelerators.
 
     Returns:
@@ -150,16 +152,22 @@ def split_cpu(config, num_processes: int = 1, environ=None) -> int:
     """
     environ = os.environ if environ is None else environ
     flags = environ.get("XLA_FLAGS", "")
-    if _HOST_DEVICES_FLAG in flags or num_processes > 1:
-        return 1
+    asked = config.get("cpu_devices", 0)
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
+        return 1  # validate_config names the bad value before any work
     from jax._src import xla_bridge
 
-    if xla_bridge.backends_are_initialized():
+    why_not = (
+        "XLA_FLAGS already sets the host device count" if _HOST_DEVICES_FLAG in flags
+        else "the run has several processes" if num_processes > 1
+        else "JAX had started before" if xla_bridge.backends_are_initialized()
+        else None
+    )  # fmt: skip
+    if why_not:
+        if asked > 1:
+            logging.warning("--config.cpu_devices=%d is not applied: %s.", asked, why_not)
         return 1
-    count = config.get("cpu_devices", 0)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        return 1  # validate_config names the bad value before any work
-    count = count or auto_cpu_devices(config, usable_cores())
+    count = asked or auto_cpu_devices(config, usable_cores())
     if count > 1:
         environ["XLA_FLAGS"] = f"{flags} {_HOST_DEVICES_FLAG}={count}".strip()
     return count
