@@ -97,9 +97,9 @@ def main() -> None:
     import jax
 
     from train import train_lib
-    from train.data import corpora
+    from train.data.corpora import bibles
 
-    text = "\n".join(corpora.load_kjv_lines()) + "\n"
+    text = "\n".join(bibles.load_kjv_lines()) + "\n"
     cut = int((1 - VALID_SHARE) * len(text))
     train_text, valid_text = text[:cut], text[cut:]
     workdir = pathlib.Path(flags.workdir)

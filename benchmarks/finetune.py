@@ -112,7 +112,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.disable(logging.INFO)
     from train import train_lib
-    from train.data.corpora import load_kjv_lines
+    from train.data.corpora.bibles import load_kjv_lines
     from train.tiny_pretrained import write_tiny_model
 
     lines = load_kjv_lines()

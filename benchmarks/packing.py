@@ -2,7 +2,7 @@
 
     python -m benchmarks.packing [--rounds 8] [--steps 8] [--workdir runs/default]
 
-Both batchings come from the training program itself (`input_pipeline.build_dataset` with
+Both batchings come from the training program itself (`in_memory.build_dataset` with
 configs/default.py, `packing='none'` and `packing='segments'`) and feed the same jitted
 train step of the default model (`steps.jit_steps`), in one process. Each kind is first
 compiled for every batch shape it has (four buckets; one packed shape), then the two take
@@ -36,7 +36,7 @@ from configs import default
 from flax_transformer import sharding as sharding_lib
 from train import train_lib
 from train.config import config_lib
-from train.data import input_pipeline
+from train.data import epoch_stream, in_memory
 from train.program import steps
 from train.run.rundir import RunDir
 
@@ -76,8 +76,8 @@ def main() -> None:
         config = default.get_config()
         config.packing = PACKING[kind]
         experiments[kind] = config_lib.validate_config(config)
-        datasets[kind] = input_pipeline.build_dataset(experiments[kind].data, run, seed=config.seed)
-        epochs[kind] = datasets[kind].build_epoch(input_pipeline.epoch_rng(0, 0))
+        datasets[kind] = in_memory.build_dataset(experiments[kind].data, run, seed=config.seed)
+        epochs[kind] = datasets[kind].build_epoch(epoch_stream.epoch_rng(0, 0))
     experiment, dataset = experiments["bucketed"], datasets["bucketed"]
     task = dataset.task
     mesh = sharding_lib.make_mesh(*experiment.run.mesh_shape)

@@ -1,5 +1,5 @@
 """Host memory of loading a pretrained directory (`--config.init_from`): peak RSS of
-`train.program.pretrained.load_weights` against the checkpoint's size on disk.
+`train.program.weights.load_weights` against the checkpoint's size on disk.
 
     python -m benchmarks.pretrained_load                     # Llama-1B-sized, bf16 on disk
     python -m benchmarks.pretrained_load --layers 4          # a quicker, smaller one
@@ -75,14 +75,15 @@ def write_llama_dir(path: pathlib.Path, *, width, layers, heads, kv_heads, ffn, 
 _CHILD = """
 import dataclasses, resource, sys
 import jax
-from train.program import pretrained
+from train import sources
+from train.program import weights
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
-source = pretrained.read_source(sys.argv[1])
+source = sources.read_source(sys.argv[1])
 model = dataclasses.replace(source.model, param_dtype=sys.argv[2], scan_layers=sys.argv[3] == "1")
 base = rss_mib()
-params, size = pretrained.load_weights(source, model)
+params, size = weights.load_weights(source, model)
 jax.block_until_ready(params)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 n = sum(x.size for x in jax.tree.leaves(params))

@@ -99,7 +99,7 @@ def machine_state() -> dict:
 
 def make_corpus(path: pathlib.Path, size_mb: float, seed: int) -> None:
     """Writes about `size_mb` MB of lines of 10 to 40 KJV words (unigram frequencies)."""
-    from train.data.corpora import load_kjv_lines
+    from train.data.corpora.bibles import load_kjv_lines
 
     words = [w for line in load_kjv_lines() for w in line.split()]
     vocab, flat = np.unique(np.array(words), return_inverse=True)
@@ -136,10 +136,13 @@ def data_section(corpus: pathlib.Path, store: pathlib.Path, shard_mb: int):
 
 def prepare(corpus, store, shard_mb: int, workers: int, time_sample: bool) -> dict:
     """Prepares a fresh store: the tokenizer stage and the shard stage timed apart."""
+    from train.data.tokenizer import model_vocab_size
+    from train.data.tokenizers import vocabulary
     from train.store import store_prepare
 
     shutil.rmtree(store, ignore_errors=True)
     data = data_section(corpus, store, shard_mb)
+    ids = vocabulary(data, model_vocab_size(data.tokenizer, data.vocab_size))
     result = {"workers": workers}
     if time_sample:
         sources = store_prepare.plan_shards(data)
@@ -147,10 +150,10 @@ def prepare(corpus, store, shard_mb: int, workers: int, time_sample: bool) -> di
         store_prepare.tokenizer_sample(sources, data, workers)
         result["sample_pass_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    sources = store_prepare.prepare_plan_and_tokenizer(data, workers=workers)
+    sources = store_prepare.prepare_plan_and_tokenizer(data, ids, workers=workers)
     result["tokenizer_s"] = time.perf_counter() - start
     start = time.perf_counter()
-    opened = store_prepare.prepare_store(data, workers=workers, progress=False)
+    opened = store_prepare.prepare_store(data, ids, workers=workers, progress=False)
     result["shards_s"] = time.perf_counter() - start
     totals = opened.manifest["totals"]
     result["shards"] = len(sources)

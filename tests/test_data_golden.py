@@ -16,7 +16,7 @@ import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_tsv
 
 from train.config import config_lib
-from train.data import input_pipeline
+from train.data import epoch_stream
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.run.rundir import RunDir
 
@@ -36,7 +36,7 @@ def describe(config, run: RunDir, num_devices: int = 1, share: RowShare = WHOLE_
     """What a Dataset holds, as digests and counts."""
     config_lib.validate_config(config)
     dataset = dataset_of(config, run, num_devices=num_devices, share=share)
-    epochs = [dataset.build_epoch(input_pipeline.epoch_rng(config.seed, e)) for e in (0, 1)]
+    epochs = [dataset.build_epoch(epoch_stream.epoch_rng(config.seed, e)) for e in (0, 1)]
     texts = json.dumps(dataset.valid_examples).encode()
     return {
         "fingerprint": dataset.fingerprint["sha256"][:16],

@@ -18,14 +18,16 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from configs import finetune_gpt2  # noqa: E402
-from train import train_lib  # noqa: E402
+from train import sources, train_lib  # noqa: E402
 from train.config import config_lib  # noqa: E402
-from train.data.corpora import load_kjv_lines  # noqa: E402
+from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
+from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.export import export_adapters, export_run  # noqa: E402
-from train.program import finetune, pretrained  # noqa: E402
+from train.program import finetune, weights  # noqa: E402
 from train.program.inference import sample_text  # noqa: E402
 from train.run.checkpoint import Checkpointer  # noqa: E402
 from train.run.rundir import RunDir, prepare_workdir  # noqa: E402
+from train.sources import hf  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
 from train.tools.trained import load_trained  # noqa: E402
 
@@ -100,7 +102,7 @@ def test_hf_defaults_are_transformers_defaults():
         ("mistral", transformers.MistralConfig),
     ):
         theirs = cls()
-        for key, ours in pretrained.HF_DEFAULTS[model_type].items():
+        for key, ours in hf.HF_DEFAULTS[model_type].items():
             value = getattr(theirs, key, None)
             if key == "num_key_value_heads" and ours is None:  # None: as many as heads
                 value = None if value == theirs.num_attention_heads else value
@@ -111,7 +113,7 @@ def test_hf_defaults_are_transformers_defaults():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pretrained_tokenizer_round_trips_any_text(model_dirs, family):
-    tokenizer = pretrained.read_source(model_dirs[family]).tokenizer()
+    tokenizer = source_tokenizer(sources.read_source(model_dirs[family]))
     texts = [
         "def f(x):\n\tif x:\n        return  x  # two spaces\n\n",
         "emoji 😀👍🏽, CJK 中文字, combining e\u0301, ZWJ 👩\u200d💻, \x00 control",
@@ -296,17 +298,17 @@ def test_the_command_refuses_in_one_line_before_any_step(model_dirs, corpus, tmp
 
 
 def test_sharded_checkpoints_and_the_scanned_layout_load_the_same_weights(model_dirs, tmp_path):
-    source = pretrained.read_source(model_dirs["llama"])
+    source = sources.read_source(model_dirs["llama"])
     sharded = tmp_path / "sharded"
     _hf_model(model_dirs["llama"]).save_pretrained(sharded, max_shard_size="50KB")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (sharded / name).write_bytes((model_dirs["llama"] / name).read_bytes())
-    assert (sharded / pretrained.WEIGHTS_INDEX_FILE).is_file()
-    flat, _ = pretrained.load_weights(source, source.model)
-    again, _ = pretrained.load_weights(pretrained.read_source(sharded), source.model)
+    assert (sharded / hf.WEIGHTS_INDEX_FILE).is_file()
+    flat, _ = weights.load_weights(source, source.model)
+    again, _ = weights.load_weights(sources.read_source(sharded), source.model)
     jax.tree.map(np.testing.assert_array_equal, flat, again)
     scanned_config = dataclasses.replace(source.model, scan_layers=True)
-    scanned, _ = pretrained.load_weights(source, scanned_config)
+    scanned, _ = weights.load_weights(source, scanned_config)
     for i in range(source.model.num_layers):
         layer = jax.tree.map(lambda x, i=i: x[i], scanned["decoder"]["layers"])
         jax.tree.map(np.testing.assert_array_equal, flat["decoder"][f"layers_{i}"], layer)
@@ -448,6 +450,6 @@ def test_a_checkpoint_missing_a_weight_is_named(model_dirs, tmp_path):
     tensors = load_file(str(model_dirs["gpt2"] / "model.safetensors"))
     del tensors["transformer.h.1.mlp.c_fc.weight"]
     save_file(tensors, str(broken / "model.safetensors"))
-    source = pretrained.read_source(broken)
+    source = sources.read_source(broken)
     with pytest.raises(ValueError, match=r"missing .*transformer\.h\.1\.mlp\.c_fc\.weight"):
-        pretrained.load_weights(source, source.model)
+        weights.load_weights(source, source.model)

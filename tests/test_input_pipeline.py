@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from train_helpers import dataset_of, random_pairs, tiny_config, write_tiny_tsv
 
-from train.data import batching, input_pipeline
+from train.data import batching, epoch_stream
 from train.program.tasks import TASKS
 from train.run.rundir import RunDir
 
@@ -28,7 +28,7 @@ def _stream(pairs, seed=3, state=None):
     def build(rng):
         return _batches(pairs, rng)
 
-    return input_pipeline.EpochStream(build, seed=seed, state=state)
+    return epoch_stream.EpochStream(build, seed=seed, state=state)
 
 
 def _ids(batch):
@@ -86,16 +86,16 @@ def test_stream_rejects_state_past_the_epoch_end():
 
 def test_stream_rejects_an_empty_epoch():
     with pytest.raises(ValueError, match=r"Epoch 0 has no items"):
-        next(input_pipeline.EpochStream(lambda rng: [], seed=0))
+        next(epoch_stream.EpochStream(lambda rng: [], seed=0))
 
 
 def test_epoch_rng_rejects_negative_seed():
     with pytest.raises(ValueError, match=r"seed=-1 and epoch=0 must be non-negative"):
-        input_pipeline.epoch_rng(-1, 0)
+        epoch_stream.epoch_rng(-1, 0)
 
 
 def test_copied_target_pairs_repeat_targets_as_sources():
-    from train.data.input_pipeline import copied_target_pairs
+    from train.data.in_memory import copied_target_pairs
 
     pairs = [([10 + i], [100 + i, 7]) for i in range(10)]
     copies = copied_target_pairs(pairs, 0.5, seed=0)

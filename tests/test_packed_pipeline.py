@@ -19,7 +19,7 @@ from flax_transformer import (
 from tests.train_helpers import tiny_config, write_tiny_tsv
 from train.config import config_lib
 from train.config.sections import DataConfig
-from train.data import batching, input_pipeline, packing
+from train.data import batching, epoch_stream, packing
 from train.data.batching import RowShare
 from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SpecialIds
 from train.program import steps
@@ -125,7 +125,7 @@ def test_packed_batches_are_deterministic_given_the_rng_and_differ_between_epoch
     pairs = _pairs()
 
     def epoch(e):
-        return _packed(TRANSLATION, pairs, batch_size=4, rng=input_pipeline.epoch_rng(0, e))
+        return _packed(TRANSLATION, pairs, batch_size=4, rng=epoch_stream.epoch_rng(0, e))
 
     chex.assert_trees_all_equal(epoch(0), epoch(0))
     first, second = epoch(0), epoch(1)
@@ -259,13 +259,13 @@ def test_epoch_stream_resumes_packed_batches_exactly():
     def build(rng):
         return _packed(TRANSLATION, pairs, batch_size=4, rng=rng)
 
-    straight = input_pipeline.EpochStream(build, seed=7)
+    straight = epoch_stream.EpochStream(build, seed=7)
     for _ in range(len(build(None)) + 2):  # into the second epoch
         next(straight)
     state = straight.state_dict()
     assert state["epoch"] == 1
     want = [next(straight) for _ in range(5)]
-    resumed = input_pipeline.EpochStream(build, seed=7, state=state)
+    resumed = epoch_stream.EpochStream(build, seed=7, state=state)
     chex.assert_trees_all_equal([next(resumed) for _ in range(5)], want)
 
 

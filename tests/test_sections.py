@@ -1,5 +1,6 @@
 """train.config.sections: the config turned once into frozen, self-checking sections."""
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -170,13 +171,18 @@ def test_validate_config_returns_the_sections():
 
 
 def test_the_sections_load_alone():
-    # Nothing of train/ comes with them: the tasks and the decoding may read them freely.
+    # Nothing of train/ comes with them but the corpus table, a leaf: the tasks and the
+    # decoding may read them freely.
     code = (
         "import sys, train.config.sections; "
         "print(sorted(m for m in sys.modules if m.startswith('train.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "['train.config', 'train.config.sections']"
+    loaded = set(ast.literal_eval(out.stdout.strip()))
+    table = {"train.data", "train.data.corpora"}
+    assert {"train.config", "train.config.sections", *table} <= loaded
+    others = {m for m in loaded - table if not m.startswith("train.data.corpora.")}
+    assert others == {"train.config", "train.config.sections"}
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import pathlib
 import numpy as np
 import pytest
 import zstandard
-from train_helpers import tiny_config
+from train_helpers import tiny_config, vocabulary_of
 
 from train.config.sections import DataConfig
-from train.data import corpora
 from train.data.batching import RowShare
+from train.data.corpora import splits
 from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
 from train.store import store_pipeline, store_prepare
 from train.store.token_store import MANIFEST, SHARDS, StoreError, TokenStore, store_settings
@@ -66,7 +66,7 @@ def corpus(tmp_path_factory):
 def test_a_store_holds_every_document_once_in_its_split(tmp_path, corpus):
     lines, pattern = corpus
     data = _data(pattern, tmp_path / "store", store_shard_bytes=500)
-    store = store_prepare.prepare_store(data, progress=False)
+    store = store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
     assert len(store.manifest["shards"]) > 3  # the text file is cut into byte ranges
     byte = ByteTokenizer()
     for split in ("train", "valid"):
@@ -76,7 +76,7 @@ def test_a_store_holds_every_document_once_in_its_split(tmp_path, corpus):
         for a, b in zip(starts[:-1], starts[1:], strict=True):
             assert stream[a] == BOS_ID and stream[b - 1] == EOS_ID
             texts.append(byte.decode(stream[a + 1 : b - 1].tolist()))
-        wanted = corpora.split_examples(lines, data.valid_fraction, data.test_fraction)
+        wanted = splits.split_examples(lines, data.valid_fraction, data.test_fraction)
         assert texts == getattr(wanted, split)  # in corpus order, whatever the shard
 
 
@@ -84,8 +84,8 @@ def test_the_same_inputs_give_the_same_bytes_with_any_worker_count(tmp_path, cor
     _, pattern = corpus
     one = _data(pattern, tmp_path / "one", store_shard_bytes=700)
     two = dataclasses.replace(one, store_dir=str(tmp_path / "two"))
-    store_prepare.prepare_store(one, workers=1, progress=False)
-    store_prepare.prepare_store(two, workers=2, progress=False)
+    store_prepare.prepare_store(one, vocabulary_of(one), workers=1, progress=False)
+    store_prepare.prepare_store(two, vocabulary_of(two), workers=2, progress=False)
     assert _store_bytes(tmp_path / "one") == _store_bytes(tmp_path / "two")
 
 
@@ -103,8 +103,8 @@ def test_sentencepiece_learns_from_the_same_sample_anywhere(tmp_path):
         )
         for name in ("a", "b")
     ]
-    store_prepare.prepare_store(data[0], workers=1, progress=False)
-    store_prepare.prepare_store(data[1], workers=2, progress=False)
+    store_prepare.prepare_store(data[0], vocabulary_of(data[0]), workers=1, progress=False)
+    store_prepare.prepare_store(data[1], vocabulary_of(data[1]), workers=2, progress=False)
     assert _store_bytes(tmp_path / "a") == _store_bytes(tmp_path / "b")
     sample = store_prepare.tokenizer_sample(store_prepare.plan_shards(data[0]), data[0], workers=1)
     assert 0 < sum(map(len, sample)) <= 20_000 < sum(map(len, lines))
@@ -114,7 +114,7 @@ def test_an_interrupted_preparation_finishes_with_the_same_bytes(tmp_path, corpu
     _, pattern = corpus
     data = _data(pattern, tmp_path / "store", store_shard_bytes=500)
     clean = dataclasses.replace(data, store_dir=str(tmp_path / "clean"))
-    store_prepare.prepare_store(clean, progress=False)
+    store_prepare.prepare_store(clean, vocabulary_of(clean), progress=False)
     real_add, calls = store_prepare._SplitWriter.add, []
 
     def full_disk(self, docs, texts):
@@ -125,13 +125,13 @@ def test_an_interrupted_preparation_finishes_with_the_same_bytes(tmp_path, corpu
 
     monkeypatch.setattr(store_prepare._SplitWriter, "add", full_disk)
     with pytest.raises(store_prepare.StoreWriteError, match="No space left.*rerun"):
-        store_prepare.prepare_store(data, progress=False)
+        store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
     shards = tmp_path / "store" / SHARDS
     assert not (tmp_path / "store" / MANIFEST).exists()
     assert not list(shards.glob(".*"))  # the half-written shard was removed
     done = len(list(shards.iterdir()))
     monkeypatch.setattr(store_prepare._SplitWriter, "add", real_add)
-    store_prepare.prepare_store(data, progress=False)
+    store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
     assert len(list(shards.iterdir())) > done
     assert _store_bytes(tmp_path / "store") == _store_bytes(tmp_path / "clean")
 
@@ -139,11 +139,16 @@ def test_an_interrupted_preparation_finishes_with_the_same_bytes(tmp_path, corpu
 def test_parts_prepare_their_shards_and_the_last_writes_the_manifest(tmp_path, corpus):
     _, pattern = corpus
     data = _data(pattern, tmp_path / "store", store_shard_bytes=500)
-    assert store_prepare.prepare_store(data, part=(1, 2), progress=False) is None
+    assert (
+        store_prepare.prepare_store(data, vocabulary_of(data), part=(1, 2), progress=False) is None
+    )
     assert not (tmp_path / "store" / MANIFEST).exists()
-    assert store_prepare.prepare_store(data, part=(0, 2), progress=False) is not None
+    assert (
+        store_prepare.prepare_store(data, vocabulary_of(data), part=(0, 2), progress=False)
+        is not None
+    )
     whole = dataclasses.replace(data, store_dir=str(tmp_path / "whole"))
-    store_prepare.prepare_store(whole, progress=False)
+    store_prepare.prepare_store(whole, vocabulary_of(whole), progress=False)
     assert _store_bytes(tmp_path / "store") == _store_bytes(tmp_path / "whole")
 
 
@@ -179,21 +184,20 @@ def test_bad_inputs_are_refused_naming_the_file(tmp_path, write, fields, message
     if "corpus_path" in fields:
         data = dataclasses.replace(data, corpus_path=str(inputs / fields["corpus_path"]))
     with pytest.raises((StoreError, FileNotFoundError), match=message):
-        store_prepare.prepare_store(data, progress=False)
+        store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
     assert not (tmp_path / "store" / MANIFEST).exists()
 
 
 def test_a_store_of_other_settings_or_damaged_is_refused_naming_it(tmp_path, corpus):
     _, pattern = corpus
     data = _data(pattern, tmp_path / "store", store_shard_bytes=2000)
-    store_prepare.prepare_store(data, progress=False)
+    store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
     other = dataclasses.replace(data, valid_fraction=0.2)
     with pytest.raises(StoreError, match=r"prepared with valid_fraction=0\.1.*asks for 0\.2"):
-        TokenStore.open(tmp_path / "store", store_settings(other))
+        TokenStore.open(tmp_path / "store", store_settings(other, vocabulary_of(other)))
     with pytest.raises(StoreError, match=r"begun from other inputs"):
-        store_prepare.prepare_plan_and_tokenizer(
-            dataclasses.replace(other, store_dir=str(tmp_path / "store"))
-        )
+        moved = dataclasses.replace(other, store_dir=str(tmp_path / "store"))
+        store_prepare.prepare_plan_and_tokenizer(moved, vocabulary_of(moved))
     tokens = tmp_path / "store" / SHARDS / "00001" / "train.bin"
     raw = tokens.read_bytes()
     tokens.write_bytes(raw[: len(raw) // 2])
@@ -211,7 +215,7 @@ def test_a_store_of_other_settings_or_damaged_is_refused_naming_it(tmp_path, cor
 def store(tmp_path_factory, corpus):
     _, pattern = corpus
     data = _data(pattern, tmp_path_factory.mktemp("s") / "store", store_shard_bytes=700)
-    return store_prepare.prepare_store(data, progress=False)
+    return store_prepare.prepare_store(data, vocabulary_of(data), progress=False)
 
 
 def _global(source, steps, count, start=0, seed=3):

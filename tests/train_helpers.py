@@ -8,7 +8,9 @@ import numpy as np
 
 from configs import default
 from train.config.sections import DataConfig
-from train.data import input_pipeline
+from train.data import dataset, in_memory
+from train.data.tokenizer import model_vocab_size
+from train.data.tokenizers import Vocabulary, vocabulary
 
 # A learnable toy translation: the source words reversed and upper-cased.
 WORDS = ("ab", "cd", "ef", "gh", "ij", "kl", "mn", "op")
@@ -76,12 +78,10 @@ def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.Config
     return config
 
 
-def dataset_of(config: ml_collections.ConfigDict, run, **options) -> input_pipeline.Dataset:
-    """`input_pipeline.build_dataset` as the program calls it: the config's data section and
+def dataset_of(config: ml_collections.ConfigDict, run, **options) -> dataset.Dataset:
+    """`in_memory.build_dataset` as the program calls it: the config's data section and
     seed (`options`: num_devices, share, make_tokenizer)."""
-    return input_pipeline.build_dataset(
-        DataConfig.from_config(config), run, seed=config.seed, **options
-    )
+    return in_memory.build_dataset(DataConfig.from_config(config), run, seed=config.seed, **options)
 
 
 def random_pairs(n: int, max_len: int, seed: int = 0) -> list:
@@ -94,3 +94,9 @@ def random_pairs(n: int, max_len: int, seed: int = 0) -> list:
         )
         for _ in range(n)
     ]
+
+
+def vocabulary_of(data: DataConfig) -> Vocabulary:
+    """The `Vocabulary` a run of this data section resolves (no pretrained model): what the
+    token store functions take."""
+    return vocabulary(data, model_vocab_size(data.tokenizer, data.vocab_size))

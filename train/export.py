@@ -31,10 +31,10 @@ from absl import app, flags
 
 from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
+from train import sources
 from train.cli import die, parse_flags, quiet_library_logs
-from train.data.hf_tokenizer import TOKENIZER_FILES
-from train.program import pretrained
 from train.run.failures import USAGE_ERROR
+from train.sources.hf import TOKENIZER_FILES
 from train.tools import tools
 
 # Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.
@@ -74,7 +74,7 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
             "decoder-only language models (task='lm')."
         )
     model_config, params = _merged(trained.model.config, trained.params)
-    source, snapshot = _hf_origin(pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR)
+    source = _hf_origin(pathlib.Path(workdir))
     family = source.family if source is not None else _family(model_config)
     to_tensors = gpt2_tensors if family == "gpt2" else llama_tensors
     tensors = to_tensors(model_config, {"params": params})
@@ -88,7 +88,7 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
         for name in _VOCAB_TENSORS[family]:
             if name in tensors and tensors[name].shape[0] == vocab + 1:
                 tensors[name] = np.ascontiguousarray(tensors[name][:vocab])
-        hf_config = json.loads((snapshot / pretrained.CONFIG_FILE).read_text(encoding="utf-8"))
+        hf_config = json.loads((source.path / sources.CONFIG_FILE).read_text(encoding="utf-8"))
         hf_config.pop(EXPORTED_PAD_KEY, None)
         for key in ("torch_dtype", "dtype"):  # the tensors written are float32
             if key in hf_config:
@@ -96,20 +96,18 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
     out = write_hf_directory(tensors, hf_config, out)
     if source is not None:
         for name in TOKENIZER_FILES:
-            if (snapshot / name).is_file():
-                shutil.copyfile(snapshot / name, out / name)
+            if (source.path / name).is_file():
+                shutil.copyfile(source.path / name, out / name)
     return out
 
 
-def _hf_origin(snapshot: pathlib.Path):
-    """The Hugging Face model a run started from, and the run's copy of its files: through
-    the copies of runs started from runs; (None, None) for a run trained from scratch."""
-    while (snapshot / pretrained.CONFIG_FILE).is_file():
-        source = pretrained.read_source(snapshot, need_weights=False)
-        if source.family != pretrained.RUN:
-            return source, snapshot
-        snapshot = snapshot / pretrained.SNAPSHOT_DIR
-    return None, None
+def _hf_origin(workdir: pathlib.Path) -> sources.HFSource | None:
+    """The run's copy of the Hugging Face model it started from (through the copies of runs
+    started from runs); None for a run trained from scratch."""
+    copy = workdir / sources.SNAPSHOT_DIR
+    if not (copy / sources.CONFIG_FILE).is_file():
+        return None
+    return sources.origin(sources.read_source(copy, need_weights=False))
 
 
 # Our LoRA targets -> the Llama module each adapts, as PEFT names them.
@@ -176,7 +174,7 @@ def export_adapters(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pat
         str(out / "adapter_model.safetensors"),
         metadata={"format": "pt"},
     )
-    snapshot = pathlib.Path(workdir) / pretrained.SNAPSHOT_DIR / pretrained.SOURCE_FILE
+    snapshot = pathlib.Path(workdir) / sources.SNAPSHOT_DIR / sources.SOURCE_FILE
     base = json.loads(snapshot.read_text())["path"] if snapshot.is_file() else None
     adapter_config = {
         "peft_type": "LORA",

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from train import train_lib
-    from train.data.corpora import CorpusNotFoundError
+    from train.data.corpora.corpus import CorpusNotFoundError
     from train.run.failures import Preempted, RunFailure
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())

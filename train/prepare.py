@@ -49,16 +49,19 @@ def main(argv: list[str]) -> None:
     config = loaded_config(FLAGS.config)
     quiet_library_logs()
     from train.config import config_lib
+    from train.data.tokenizers import vocabulary
     from train.store.store_prepare import StoreWriteError, prepare_store
 
     try:
         part = _part(FLAGS.part)
-        data = config_lib.validate_config(config).data
+        experiment = config_lib.validate_config(config)
+        data = experiment.data
         if not data.store_dir:
             raise ValueError(
                 "--config.store_dir='' : name the directory to write the token store to."
             )
-        store = prepare_store(data, workers=FLAGS.workers, part=part)
+        ids = vocabulary(data, experiment.model.vocab_size)
+        store = prepare_store(data, ids, workers=FLAGS.workers, part=part)
     except StoreWriteError as err:
         die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError) as err:

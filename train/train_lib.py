@@ -33,11 +33,14 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
+from train import sources
 from train.config import config_lib
 from train.config.sections import Experiment
-from train.data import input_pipeline
 from train.data.batching import WHOLE_BATCH, RowShare
-from train.program import finetune, pretrained, steps
+from train.data.dataset import Dataset, Processes
+from train.data.input_pipeline import open_dataset
+from train.data.tokenizers import vocabulary
+from train.program import finetune, steps, weights
 from train.program.metrics import (
     STEPS_IN_FLIGHT,
     MetricsWriter,
@@ -292,24 +295,23 @@ def _finished_results(run: RunDir, latest: int | None, num_train_steps: int) -> 
 class _Start(NamedTuple):
     """Where a run's training loop starts: its data, program and (restored) state."""
 
-    dataset: input_pipeline.Dataset
+    dataset: Dataset
     program: Program
     state: steps.TrainState
-    stream: Iterator  # input_pipeline.EpochStream or store_pipeline.StoreStream
+    stream: Iterator  # an EpochStream (in memory) or a StoreStream (a token store)
     share: RowShare
 
 
-def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> pretrained.Source:
-    """`--config.init_from`'s directory (a resumed run: the run's copy of it, as the weights
+def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> sources.Source:
+    """`--config.init_from`'s source (a resumed run: the run's copy of it, as the weights
     come from the checkpoint); process 0 first copies its config and tokenizer into the run
     directory (the tokenizer is read from there, by every process and by the tools)."""
-    target = run.path / pretrained.SNAPSHOT_DIR
     if resuming:
-        source = pretrained.open_source(experiment.data.init_from, run.path)
+        source = sources.open_source(experiment.data.init_from, run.path)
     else:
-        source = pretrained.read_source(experiment.data.init_from)
-    if distributed.is_primary() and not (target / pretrained.CONFIG_FILE).is_file():
-        pretrained.snapshot(source, target)
+        source = sources.read_source(experiment.data.init_from)
+    if distributed.is_primary() and not (run.pretrained / sources.CONFIG_FILE).is_file():
+        sources.snapshot(source, run.pretrained)
     distributed.barrier("pretrained-snapshot")
     return source
 
@@ -332,15 +334,16 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     source = None
     if experiment.data.init_from:
         source = _pretrained_snapshot(experiment, run, resuming)
-    dataset = input_pipeline.open_dataset(
+    dataset = open_dataset(
         experiment.data,
         run,
+        vocabulary(experiment.data, experiment.model.vocab_size, run.pretrained),
         seed=settings.seed,
         num_steps=settings.num_train_steps,
         num_devices=mesh.size,
         share=share,
         max_eval_batches=experiment.eval.num_eval_batches,
-        processes=input_pipeline.Processes(
+        processes=Processes(
             primary=distributed.is_primary(),
             barrier=distributed.barrier,
             part=(jax.process_index(), jax.process_count()),
@@ -354,10 +357,10 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     program = build_program(
         experiment, dataset.task, mesh, tokenizer.vocab_size, unk_id=tokenizer.unk_id, share=share
     )
-    weights = None
+    loaded = None
     if source is not None and not resuming:
         placement = flax.traverse_util.flatten_dict(program.state_shapes.params)
-        weights, size = pretrained.load_weights(source, experiment.model, placement)
+        loaded, size = weights.load_weights(source, experiment.model, placement)
         logging.info("Pretrained weights: %s (%.1f MiB on disk).", source.path, size / 2**20)
     state = steps.create_train_state(
         program.model,
@@ -366,9 +369,9 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         mesh,
         settings.seed,
         settings.rng_impl,
-        pretrained=weights,
+        pretrained=loaded,
     )
-    del weights
+    del loaded
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
     if source is not None:
@@ -383,7 +386,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     return _Start(dataset, program, state, stream, share)
 
 
-def _check_end_of_run(experiment: Experiment, dataset: input_pipeline.Dataset) -> None:
+def _check_end_of_run(experiment: Experiment, dataset: Dataset) -> None:
     """Checks, before the first step and any checkpoint, what the run does at its end and
     between steps with the tokenizer in hand: the task's decoding and scoring settings
     (`Task.check_outputs`: prompts, BLEU, beams, sampling) and the loss curve's plotter.

@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train import sources
 from train.config.sections import (
     CORPORA,
     PACKINGS,
@@ -33,7 +34,7 @@ from train.config.sections import (
     fail,
 )
 from train.data.tokenizer import PAD_ID, model_vocab_size
-from train.program import finetune, pretrained
+from train.program import finetune
 from train.program.tasks import TASKS, owners
 from train.run.failures import DamagedFileError, model_field_error
 from train.run.rundir import RunDir, read_json
@@ -65,7 +66,7 @@ def validate_config(
     Args:
         config: an experiment config (see `configs/default.py` for every field).
         workdir: the run directory, where a run from pretrained weights keeps its copy of
-            the model's config and tokenizer (`train.program.pretrained.open_source`); None reads
+            the model's config and tokenizer (`train.sources.open_source`); None reads
             `--config.init_from` itself.
 
     Returns:
@@ -109,12 +110,13 @@ def validate_config(
 def _pretrained_model(
     config: ml_collections.ConfigDict, data: DataConfig, workdir: str | os.PathLike | None
 ) -> TransformerConfig:
-    """The model of `--config.init_from`'s directory with the run's own model choices
-    (`train.program.pretrained.merge_model_config`), checked against the data fields."""
+    """The model of `--config.init_from`'s source with the run's own model choices
+    (`merge_model_config`), checked against the data fields."""
     if data.task != "lm":
         raise fail("task", data.task, "init_from starts a decoder-only model: use task='lm'")
-    source = pretrained.open_source(data.init_from, workdir)
-    model = pretrained.merge_model_config(source, dict(config.model))
+    source = sources.open_source(data.init_from, workdir)
+    origin = source.path / sources.CONFIG_FILE
+    model = merge_model_config(origin, source_model(source), dict(config.model))
     if data.max_len > model.max_len:
         raise fail(
             "max_len",
@@ -123,6 +125,58 @@ def _pretrained_model(
             f"{model.max_len} tokens; choose max_len <= {model.max_len}",
         )
     return model
+
+
+def source_model(source: sources.Source) -> TransformerConfig:
+    """The model config of a pretrained source: a Hugging Face directory's (converted by the
+    library's importer), or a `train.main` run's, read with its whole checked config."""
+    if isinstance(source, sources.RunSource):
+        try:
+            return read_saved(source.path)[1].model
+        except (FileNotFoundError, ValueError) as err:
+            raise ValueError(
+                f"--config.init_from={str(source.path)!r}: a train.main run whose config "
+                f"does not read ({err})."
+            ) from None
+    return source.model
+
+
+def merge_model_config(
+    origin: os.PathLike, base: TransformerConfig, model_fields: Mapping[str, Any]
+) -> TransformerConfig:
+    """The run's model config: a pretrained source's architecture (`base`), with the run's
+    own choices.
+
+    Args:
+        origin: where `base` was read (named in errors).
+        base: the source's model config (`source_model`).
+        model_fields: `config.model` as a dict; an architecture field
+            (`train.sources.ARCHITECTURE_FIELDS`) must be None or the source's value, any
+            other field is applied.
+
+    Raises:
+        ValueError: an architecture field that contradicts the source (both values named),
+            or an invalid field.
+    """
+    fields = dataclasses.asdict(base)
+    for name, value in model_fields.items():
+        if value is None:
+            continue
+        if name in sources.ARCHITECTURE_FIELDS:
+            if value != fields[name]:
+                raise ValueError(
+                    f"--config.model.{name}={value!r} contradicts {origin}, whose model has "
+                    f"{name}={fields[name]!r}: leave it None (as configs/finetune_gpt2.py "
+                    "does) or set the source's value."
+                )
+            continue
+        if name not in fields:
+            raise ValueError(f"--config.model.{name}: not a TransformerConfig field.")
+        fields[name] = value
+    try:
+        return TransformerConfig(**fields)
+    except ValueError as err:
+        raise model_field_error(err) from err
 
 
 def _check_task(config: ml_collections.ConfigDict) -> None:

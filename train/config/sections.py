@@ -15,9 +15,10 @@ once, at the top of a run, into one frozen section per job:
 Each section checks its own fields when it is made, and names a bad one as it is written on
 the command line (`--config.field=value`), so an override is fixed where it was made. What
 depends on the task registry (the corpora, packings and fields a task accepts) is checked
-by `validate_config`, above the registry: this module imports nothing of `train/`, so the
-tasks and the decoding may read the sections without a circle. Every function of the
-program receives the section it reads, never the whole config.
+by `validate_config`, above the registry. The corpora come from their table
+(`train.data.corpora`), a leaf that imports nothing of the program, so that the tasks and the
+decoding may read the sections without a circle. Every function of the program receives the
+section it reads, never the whole config.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ import ml_collections
 import optax
 
 from flax_transformer import Beam, Greedy, Sample, TransformerConfig
+from train.data import corpora
+from train.data.corpora.files import TEXT_DOCUMENTS
 
-CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
+# Every --config.corpus value, in the order of the corpus table (`train.data.corpora`).
+CORPORA = tuple(corpora.CORPORA)
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
@@ -43,8 +47,6 @@ PACKINGS = ("none", "segments", "stream")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
 LOSSLESS_SPM_MIN_VOCAB = 4 + 256
-# What a document of a plain-text file is (train.data.corpora.TEXT_DOCUMENTS).
-TEXT_DOCUMENTS = ("lines", "paragraphs", "file")
 
 
 def fail(field: str, value: Any, expected: str) -> ValueError:
@@ -111,7 +113,7 @@ class _ReadByName:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_ReadByName):
-    """What the examples are and how they become batches (`train.data.input_pipeline`).
+    """What the examples are and how they become batches (`train.data.input_pipeline.open_dataset`).
 
     Attributes: the config fields of the same names (`configs/default.py` documents each).
     `bucket_lengths`, `tokens_per_batch` and `batch_size` only shape the batches, so a resumed
@@ -150,7 +152,7 @@ class DataConfig(_ReadByName):
     store_shard_bytes: int = 64 << 20
     prepare_workers: int = 0
     loader_threads: int = 4
-    # A pretrained model directory (train.program.pretrained): its weights start the run and its
+    # A pretrained model's source (train.sources): its weights start the run and its
     # tokenizer is the run's (tokenizer='pretrained').
     init_from: str = ""
     # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
@@ -271,11 +273,11 @@ class DataConfig(_ReadByName):
                 self.store_dir,
                 "a token store feeds task='lm' ; set --config.store_dir='' for translation",
             )
-        if self.corpus not in ("text", "kjv"):
+        if not corpora.CORPORA[self.corpus].storable:
             raise fail(
                 "corpus",
                 self.corpus,
-                "a token store is prepared from 'text' (files, a glob) or 'kjv' ; set "
+                f"a token store is prepared from one of {corpora.storable()} ; set "
                 "--config.store_dir='' to read this corpus in memory",
             )
         if self.packing not in ("stream", "segments"):
@@ -309,10 +311,10 @@ class DataConfig(_ReadByName):
             )
 
     def _check_corpus(self) -> None:
-        if self.corpus in ("tsv", "text") and not self.corpus_path:
-            raise fail("corpus_path", self.corpus_path, f"corpus={self.corpus!r} needs a file path")
-        if self.corpus == "hf" and not self.hf_dataset:
-            raise fail("hf_dataset", self.hf_dataset, "corpus='hf' needs a dataset name")
+        """The data fields the corpus's entry needs (`train.data.corpora.Corpus.needs`)."""
+        for field, what in corpora.CORPORA[self.corpus].needs:
+            if not getattr(self, field):
+                raise fail(field, getattr(self, field), f"corpus={self.corpus!r} needs {what}")
 
     def _check_batching(self) -> None:
         if (self.batch_size == 0) == (self.tokens_per_batch == 0):

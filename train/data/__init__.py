@@ -1,2 +1,3 @@
-"""Text in, batches out, in memory: the corpora, the tokenizers, length bucketing, packing, and
-the pipeline that builds a run's dataset (input_pipeline)."""
+"""Text in, batches out: the corpus table (corpora/), the tokenizers and their one factory
+(tokenizers), length bucketing and packing, the in-memory path (in_memory) and the entry
+point that chooses between it and a token store (input_pipeline)."""

@@ -264,7 +264,7 @@ def bucketed_batches(
         batch_size: rows B per batch for every bucket; or
         tokens_per_batch: B = tokens_per_batch // L per bucket (at least batch_size_multiple).
         batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
-        rng: shuffles examples and batch order (use `input_pipeline.epoch_rng`); None keeps
+        rng: shuffles examples and batch order (use `epoch_stream.epoch_rng`); None keeps
             input order with buckets ascending, for evaluation.
         drop_remainder: drop each bucket's last, partly filled batch instead of padding it.
         share: the rows of each batch to build (this process's part); the plan is the same

@@ -31,17 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from train.data.tokenizer import SpecialIds, _check_decodable
-
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-# Files of a Hugging Face tokenizer copied with a run (`train.program.pretrained.snapshot`) and
-# written by `train.export`.
-TOKENIZER_FILES = (
-    TOKENIZER_FILE,
-    TOKENIZER_CONFIG_FILE,
-    "special_tokens_map.json",
-    "generation_config.json",
-)
+from train.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 
 def _token_id(tokenizer: Any, token: Any) -> int | None:

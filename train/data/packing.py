@@ -196,7 +196,7 @@ def segment_batches(
         tokens_per_batch: B = tokens_per_batch // L (at least batch_size_multiple).
         batch_size_multiple: B is a multiple of this (the number of data-parallel devices).
         rng: shuffles the examples before packing and the rows after (use
-            `input_pipeline.epoch_rng`); None keeps input order.
+            `epoch_stream.epoch_rng`); None keeps input order.
         drop_remainder: drop the last, partly filled batch instead of padding it with empty
             rows (its examples are then not seen this epoch).
         share: the rows of each batch to build (this process's part); the plan is the same
@@ -336,7 +336,7 @@ class Packer:
         Args:
             data: the data section (max_len, bucket_lengths, batch_size, tokens_per_batch).
             sides, examples: the task's sides and each example's tokens on them.
-            rng: the epoch's generator (`input_pipeline.epoch_rng`); None keeps input order.
+            rng: the epoch's generator (`epoch_stream.epoch_rng`); None keeps input order.
             num_devices: every batch's row count is a multiple of it.
             share: this process's rows of every batch.
             evaluation: validation batches (fixed order) rather than training ones.

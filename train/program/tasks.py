@@ -30,6 +30,7 @@ from flax_transformer import (
 )
 from train.config.sections import EvalConfig
 from train.data.batching import Side, SideTokens, example_slots
+from train.data.corpora import corpora_for
 from train.data.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS, PAD_ID, SpecialIds, Tokenizer
 from train.program import inference
 from train.program.inference import cut_at_eos, sample_text
@@ -82,11 +83,12 @@ class Task:
 
     Attributes:
         name: the `config.task` value.
-        corpora: the `config.corpus` values whose examples this task reads.
+        corpora: the `config.corpus` values whose examples this task reads (the corpus
+            table's, `train.data.corpora.corpora_for`).
         hf_fields: how many fields of a Hugging Face row make one example.
         own_fields: config fields that apply to this task only (0 / False for the others).
         file_corpus: the `config.corpus` the user's own validation and test files
-            (`valid_path`, `test_path`) are read as.
+            (`valid_path`, `test_path`) are read as, when the corpus itself reads no files.
         packings: the `config.packing` values this task batches with.
         sides: what each side of an example fills in a batch (`batching.Side`), in the
             order of `to_sides`.
@@ -237,7 +239,7 @@ class TranslationTask(Task):
     """Encoder-decoder translation of (source, target) pairs, scored by BLEU and chrF."""
 
     name = "translation"
-    corpora = ("bible", "kjv-web", "tsv", "hf")
+    corpora = corpora_for("translation")
     hf_fields = 2
     own_fields = ("copied_targets", "target_token_dropout")
     file_corpus = "tsv"
@@ -393,7 +395,7 @@ class LanguageModelTask(Task):
     """Decoder-only language modelling of text lines, reported in bits per character too."""
 
     name = "lm"
-    corpora = ("kjv", "text", "hf")
+    corpora = corpora_for("lm")
     hf_fields = 1
     own_fields = ()
     file_corpus = "text"

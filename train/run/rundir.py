@@ -5,6 +5,7 @@ One run = one work directory; `RunDir` is the only place the names of its files 
   config.json             the config of the run (a rerun must keep its identity fields)
   data_fingerprint.json   sizes and hash of the train/validation data (a rerun must match)
   spm_<V>.model           the SentencePiece model, trained on the train split on first use
+  pretrained/             the snapshot of `--config.init_from`'s config and tokenizer files
   token_store/            the token store of a text language model given no store_dir
   checkpoints/<step>      orbax checkpoints: train state + data-stream position
   metrics.jsonl           train / valid / bleu records; tensorboard/ the same scalars
@@ -28,6 +29,7 @@ import os
 import pathlib
 import socket
 import tempfile
+from typing import ClassVar
 
 from train.run.failures import DamagedFileError, RunFailure
 
@@ -41,6 +43,10 @@ class RunDir:
     """
 
     path: pathlib.Path
+
+    # The snapshot of a pretrained source (`train.sources.snapshot`), in a run directory
+    # and in a token store alike.
+    PRETRAINED: ClassVar[str] = "pretrained"
 
     def __post_init__(self):
         object.__setattr__(self, "path", pathlib.Path(self.path))
@@ -60,6 +66,22 @@ class RunDir:
     def tokenizer_model(self, vocab_size: int) -> pathlib.Path:
         """The SentencePiece model of a `vocab_size` vocabulary."""
         return self.path / f"spm_{vocab_size}.model"
+
+    @property
+    def pretrained(self) -> pathlib.Path:
+        """The run's snapshot of `--config.init_from`'s config and tokenizer files."""
+        return self.path / self.PRETRAINED
+
+    def tokenizer_path(self, kind: str, vocab_size: int) -> pathlib.Path:
+        """Where the run's tokenizer of `kind` ('byte', 'sentencepiece', 'pretrained') is
+        read from (`train.data.tokenizers.open_tokenizer`): its SentencePiece model, or its
+        snapshot of the pretrained model's tokenizer; the directory itself for bytes, which
+        read no file."""
+        if kind == "sentencepiece":
+            return self.tokenizer_model(vocab_size)
+        if kind == "pretrained":
+            return self.pretrained
+        return self.path
 
     @property
     def token_store(self) -> pathlib.Path:

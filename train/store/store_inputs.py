@@ -13,7 +13,7 @@
   (`.jsonl`, `.json`), verbatim or whitespace-normalised (`collapse_whitespace`); bytes that
   are not UTF-8, lines that are not JSON, records without the field and lone surrogates
   are refused naming the file and offset.
-- `split_of`: a document's split, by the hash rule of `train.data.corpora.split_examples`, or
+- `split_of`: a document's split, by the hash rule of `train.data.corpora.splits.split_examples`, or
   its shard's `role`.
 """
 
@@ -29,22 +29,26 @@ import pathlib
 from collections.abc import Iterator
 
 from train.data import corpora
+from train.data.corpora.files import document_text, group_lines
+from train.data.corpora.splits import split_fraction
 from train.data.tokenizer import check_encodable
 from train.store.token_store import StoreError
 
 _JSON_SUFFIXES = (".jsonl", ".json")
+# The kinds of a shard read from the user's files; any other kind names a shipped corpus.
+FILE_KINDS = ("text", "jsonl")
 _COMPRESSIONS = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
     """One shard's input: a byte range of an uncompressed file, a whole compressed file, or
-    the shipped KJV (`kind='kjv'`).
+    a whole shipped corpus (`kind` its name, e.g. 'kjv').
 
     Attributes:
         path: the file ('' for the KJV).
         start, stop: the byte range (stop -1: to the end).
-        kind: 'text', 'jsonl' or 'kjv'.
+        kind: 'text', 'jsonl', or the name of a shipped corpus (`train.data.corpora`).
         compression: '', 'gzip' or 'zstd'.
         role: '' (the corpus: each document split by hash), or 'valid' / 'test' (the
             user's own file of that split: every document goes there).
@@ -92,14 +96,15 @@ def input_files(pattern: str, field: str = "corpus_path") -> list[pathlib.Path]:
 def plan_shards(data) -> list[Source]:
     """The shards of the data section's corpus and of its own validation and test files
     (see the module docstring)."""
-    if data.corpus == "kjv":
-        sources = [Source("", 0, -1, "kjv", "")]
-    elif data.corpus == "text":
+    corpus = corpora.get_corpus(data.corpus)
+    if corpus.store_files:
         sources = _file_shards(data, data.corpus_path, "corpus_path", "")
+    elif corpus.documents is not None:  # a shipped corpus: one shard, read whole
+        sources = [Source("", 0, -1, corpus.name, "")]
     else:
         raise StoreError(
-            f"--config.corpus={data.corpus!r}: a token store is prepared from corpus='text' "
-            "(files) or 'kjv' ; set --config.store_dir='' to read this corpus in memory."
+            f"--config.corpus={data.corpus!r}: a token store is prepared from one of "
+            f"{corpora.storable()} ; set --config.store_dir='' to read this corpus in memory."
         )
     for field, role in (("valid_path", "valid"), ("test_path", "test")):
         if getattr(data, field):
@@ -162,7 +167,7 @@ def documents(
     Args:
         source: the shard.
         text_field: the text field of JSON lines.
-        mode: what a document of a plain-text file is (`train.data.corpora.group_lines`).
+        mode: what a document of a plain-text file is (`train.data.corpora.files.group_lines`).
         collapse: normalise each document's whitespace; False keeps it exactly.
 
     Raises:
@@ -170,16 +175,16 @@ def documents(
             does not parse or lacks `text_field`, or a text with a lone surrogate (names
             the file, offset and field).
     """
-    if source.kind == "kjv":
-        yield from corpora.load_kjv_lines(collapse)
+    if source.kind not in FILE_KINDS:  # a shipped corpus, named by its entry
+        yield from corpora.get_corpus(source.kind).documents(collapse)
         return
     if source.kind == "text":
         lines = (line for _, line in _decoded_lines(source, text_field))
-        docs = corpora.group_lines(lines, mode)
+        docs = group_lines(lines, mode)
     else:
         docs = (line for _, line in _decoded_lines(source, text_field))
     for doc in docs:
-        text = corpora.document_text(doc, collapse)
+        text = document_text(doc, collapse)
         if text:
             yield text
 
@@ -231,7 +236,7 @@ def _decoded_lines(source: Source, text_field: str) -> Iterator[tuple[int, str]]
 def split_of(text: str, valid: float, test: float, role: str = "") -> tuple[str, float]:
     """(split, hash fraction) of a document: its shard's `role` where it has one, else by
     the hash rule with shares `valid` and `test`."""
-    u = corpora.split_fraction(text)
+    u = split_fraction(text)
     if role:
         return role, u
     return ("valid" if u < valid else "test" if u < valid + test else "train"), u

@@ -1,4 +1,6 @@
-"""Training batches from a token store (`train.store.token_store`), read through grain.
+"""A run's data from a token store (`train.store.token_store`), read through grain:
+`open_store_dataset` prepares the store where it is missing and gives the training loop its
+`train.data.dataset.Dataset`.
 
 A split's token stream is cut into windows of max_len + 1 tokens that overlap by one (window
 w covers tokens [w T, w T + T + 1): T inputs and their T next tokens). Training reads:
@@ -24,7 +26,6 @@ window padded: every validation token is scored, so bits per character are exact
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import pathlib
@@ -35,9 +36,21 @@ import grain
 import numpy as np
 
 from train.data.batching import WHOLE_BATCH, Batch, RowShare
-from train.data.tokenizer import PAD_ID, ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from train.data.dataset import ONE_PROCESS, Dataset, Processes
+from train.data.packing import get_packer
+from train.data.tokenizer import PAD_ID
+from train.data.tokenizers import Vocabulary, open_tokenizer
+from train.program.tasks import get_task
+from train.run.rundir import RunDir
 from train.store import store_prepare
-from train.store.token_store import TOKENIZER_FILE, StoreError, TokenStore, store_settings
+from train.store.token_store import (
+    MANIFEST,
+    TOKENIZER_FILE,
+    StoreError,
+    TokenStore,
+    store_settings,
+    tokenizer_path,
+)
 
 # Batches read ahead per process: enough that the step never waits, few enough to stay small.
 PREFETCH_BATCHES = 8
@@ -185,57 +198,44 @@ class StoreStream:
         return batch
 
 
-@dataclasses.dataclass
-class StoreData:
-    """What a run reads from its store (`train.data.input_pipeline.build_dataset` wraps it)."""
-
-    store: TokenStore
-    tokenizer: Tokenizer
-    train: WindowSource
-    valid: WindowSource
-    chars_per_label: float
-    sizes: dict[str, int]
-
-
-def prepare_and_open(data, *, primary: bool, barrier, part: tuple[int, int]) -> TokenStore:
-    """The run's store, prepared first where it is missing: process 0 plans it and trains the
-    tokenizer, then every process tokenizes its part of the shards (`part`).
+def open_store_dataset(
+    data,
+    vocabulary: Vocabulary,
+    run: RunDir,
+    *,
+    seed: int,
+    num_steps: int,
+    num_devices: int = 1,
+    share: RowShare = WHOLE_BATCH,
+    max_eval_batches: int = 0,
+    processes: Processes = ONE_PROCESS,
+) -> Dataset:
+    """The Dataset of a run that reads the token store `data.store_dir`, prepared first where
+    it is missing (process 0 plans it and trains or copies the tokenizer, then every
+    process tokenizes its part of the shards).
 
     Args:
-        data: the data section.
-        primary: whether this is process 0.
-        barrier: name -> waits for every process (`train.run.distributed.barrier`).
-        part: (this process's index, the process count).
-    """
-    store_dir = pathlib.Path(data.store_dir)
-    if not (store_dir / "store.json").is_file():
-        logging.info("No token store in %s: preparing it (train.prepare).", store_dir)
-        if primary:
-            store_prepare.prepare_plan_and_tokenizer(data)
-        barrier("store-tokenizer")
-        store_prepare.prepare_store(data, part=part, progress=primary)
-        barrier("store-shards")
-    return TokenStore.open(store_dir, store_settings(data))
-
-
-def open_store_data(
-    data, store: TokenStore, *, share: RowShare, max_eval_batches: int
-) -> tuple[StoreData, list[Batch]]:
-    """The store's windows, tokenizer and validation batches for the data section.
+        data: the data section (its store fields set).
+        vocabulary: the run's ids (`train.data.tokenizers.vocabulary`): what the store must
+            hold.
+        run: the run directory (process 0 copies the store's SentencePiece model there, for
+            the tools).
+        seed: the run's seed (the window order).
+        num_steps: the run's train steps (batches).
+        num_devices: data-parallel devices; the batch size must be a multiple of it.
+        share: this process's rows of each batch.
+        max_eval_batches: validation batches kept (0: all).
+        processes: this process's part (`train.data.dataset.Processes`).
 
     Raises:
-        StoreError: a split too short for one window.
+        FileNotFoundError, ValueError (StoreError): bad inputs, a store of other settings,
+            a damaged shard, or a split too short for one window.
     """
-    segments = data.packing == "segments"
-    if data.tokenizer == "byte":
-        tokenizer = ByteTokenizer()
-    elif data.tokenizer == "pretrained":
-        from train.store import store_prepare
-
-        tokenizer = store_prepare._load_tokenizer(store.path, "pretrained")
-    else:
-        tokenizer = SentencePieceTokenizer(store.path / TOKENIZER_FILE)
-    pad_id = tokenizer.pad_id
+    get_packer("stream").check(data, num_devices, share)  # windows: batch_size rows
+    store = _prepare_and_open(data, vocabulary, processes)
+    kind = data.tokenizer
+    tokenizer = open_tokenizer(kind, data.vocab_size, tokenizer_path(store.path, kind))
+    segments, pad_id = data.packing == "segments", tokenizer.pad_id
     train = WindowSource(store, "train", data.max_len, segments=segments, pad_id=pad_id)
     valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id, tail=True)
     for name, source in (("train", train), ("validation", valid)):
@@ -246,42 +246,11 @@ def open_store_data(
                 f"max_len + 1 = {data.max_len + 1} ; use a larger corpus, a smaller "
                 "--config.max_len, or (validation) a larger --config.valid_fraction."
             )
-    # Validation scores every token after the first (the tail window included), less, with
-    # segments, the label of each document boundary (EOS -> the next BOS).
-    docs = store.num_documents("valid")
-    labels = store.num_tokens("valid") - 1 - (docs - 1 if segments else 0)
-    sizes = {
-        "train": store.num_documents("train"),
-        "valid": store.num_documents("valid"),
-        "test": sum(s["test_docs"] for s in store.manifest["shards"]),
-        "train_tokens": store.num_tokens("train"),
-        "train_windows": len(train),
-    }
-    batches = eval_batches(
-        valid, batch_size=data.batch_size, share=share, max_batches=max_eval_batches
-    )
-    # The store counts one line break per document beside its text: not a character of it.
-    chars = (store.num_chars("valid") - docs) / max(labels, 1)
-    return StoreData(store, tokenizer, train, valid, chars, sizes), batches
+    if processes.primary and kind == "sentencepiece":
+        _copy_tokenizer(store, run.tokenizer_model(data.vocab_size))
 
-
-def copy_tokenizer(store: TokenStore, target: pathlib.Path) -> None:
-    """Copies the store's SentencePiece model into the run directory (for train.sample), unless
-    an identical one is there."""
-    model = store.path / TOKENIZER_FILE
-    if not model.is_file():
-        return
-    if target.is_file() and target.read_bytes() == model.read_bytes():
-        return
-    tmp = target.with_name(f".{target.name}.tmp")
-    shutil.copyfile(model, tmp)
-    tmp.replace(target)
-
-
-def stream_factory(data, source: WindowSource, *, seed: int, share: RowShare, num_steps: int):
-    """(saved stream state, start step) -> the `StoreStream` of a run."""
-
-    def make(saved: Mapping | None, start_step: int) -> StoreStream:
+    def make_stream(_seed, saved: Mapping | None, start_step: int) -> StoreStream:
+        # The store's window order comes from the run's seed, given above.
         if saved is not None and saved.get("step", start_step) != start_step:
             raise StoreError(
                 f"the checkpoint's data state {dict(saved)} does not match its step "
@@ -289,7 +258,7 @@ def stream_factory(data, source: WindowSource, *, seed: int, share: RowShare, nu
             )
         return StoreStream(
             lambda k: train_batches(
-                source,
+                train,
                 seed=seed,
                 batch_size=data.batch_size,
                 share=share,
@@ -300,4 +269,60 @@ def stream_factory(data, source: WindowSource, *, seed: int, share: RowShare, nu
             start_step,
         )
 
-    return make
+    return Dataset(
+        task=get_task(data.task),
+        tokenizer=tokenizer,
+        eval_batches=eval_batches(
+            valid, batch_size=data.batch_size, share=share, max_batches=max_eval_batches
+        ),
+        valid_examples=[],
+        chars_per_token=_chars_per_label(store, segments),
+        sizes={
+            "train": store.num_documents("train"),
+            "valid": store.num_documents("valid"),
+            "test": sum(s["test_docs"] for s in store.manifest["shards"]),
+            "train_tokens": store.num_tokens("train"),
+            "train_windows": len(train),
+        },
+        fingerprint=store.fingerprint,
+        make_stream=make_stream,
+    )
+
+
+def _prepare_and_open(data, vocabulary: Vocabulary, processes: Processes) -> TokenStore:
+    """The run's store, prepared first where it is missing: process 0 plans it and makes
+    its tokenizer, then every process tokenizes its part of the shards."""
+    store_dir = pathlib.Path(data.store_dir)
+    if not (store_dir / MANIFEST).is_file():
+        logging.info("No token store in %s: preparing it (train.prepare).", store_dir)
+        if processes.primary:
+            store_prepare.prepare_plan_and_tokenizer(data, vocabulary)
+        processes.barrier("store-tokenizer")
+        store_prepare.prepare_store(
+            data, vocabulary, part=processes.part, progress=processes.primary
+        )
+        processes.barrier("store-shards")
+    return TokenStore.open(store_dir, store_settings(data, vocabulary))
+
+
+def _chars_per_label(store: TokenStore, segments: bool) -> float:
+    """Characters of the validation documents per validation label. Validation scores every
+    token after the first (the tail window included), less, with segments, the label of each
+    document boundary (EOS -> the next BOS); the store counts one line break per document
+    beside its text, which is no character of it."""
+    docs = store.num_documents("valid")
+    labels = store.num_tokens("valid") - 1 - (docs - 1 if segments else 0)
+    return (store.num_chars("valid") - docs) / max(labels, 1)
+
+
+def _copy_tokenizer(store: TokenStore, target: pathlib.Path) -> None:
+    """Copies the store's SentencePiece model into the run directory (for train.sample), unless
+    an identical one is there."""
+    model = store.path / TOKENIZER_FILE
+    if not model.is_file():
+        return
+    if target.is_file() and target.read_bytes() == model.read_bytes():
+        return
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(model, tmp)
+    tmp.replace(target)

@@ -14,7 +14,7 @@ resumable, deterministic.
   that span lines). The plan is a function of the files alone, so every process and every
   rerun agrees on it.
 - Split: each document goes to train, validation or test by a hash of its text, the rule of
-  `train.data.corpora.split_examples`, or, from the user's own `--config.valid_path` /
+  `train.data.corpora.splits.split_examples`, or, from the user's own `--config.valid_path` /
   `test_path` files, to that split (the hash then holds out no document for it); test
   documents are counted and not stored.
 - Tokenizer: SentencePiece (lossless where the documents are verbatim: byte fallback,
@@ -47,8 +47,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, SpecialIds
+from train.data.tokenizer import SentencePieceTokenizer, SpecialIds
+from train.data.tokenizers import Vocabulary, open_tokenizer
 from train.run.failures import RunFailure
+from train.sources import CONFIG_FILE, read_source, snapshot
 from train.store.store_inputs import Source, documents, plan_shards, split_of
 from train.store.token_store import (
     MANIFEST,
@@ -65,6 +67,7 @@ from train.store.token_store import (
     split_files,
     store_settings,
     token_dtype,
+    tokenizer_path,
 )
 
 # Documents tokenized per call of the tokenizer (bounded memory per worker).
@@ -136,17 +139,6 @@ def _map(fn, args: list, workers: int):
         yield from pool.imap_unordered(fn, args)
 
 
-def _load_tokenizer(store_dir: pathlib.Path, kind: str):
-    if kind == "pretrained":  # the store's copy of the model's tokenizer
-        from train.program import pretrained
-
-        copy = store_dir / pretrained.SNAPSHOT_DIR
-        return pretrained.read_source(copy, need_weights=False).tokenizer()
-    if kind == "byte":
-        return ByteTokenizer()
-    return SentencePieceTokenizer(store_dir / TOKENIZER_FILE)
-
-
 class _SplitWriter:
     """Appends documents (BOS ids EOS, the tokenizer's `specials`) to a split's token and
     offset files."""
@@ -188,7 +180,7 @@ def _write_shard(args) -> dict:
     index, source, store_dir, data_fields = args
     store_dir = pathlib.Path(store_dir)
     kind, vocab, text_field, valid, test, mode, collapse = data_fields
-    tokenizer = _load_tokenizer(store_dir, kind)
+    tokenizer = open_tokenizer(kind, vocab, tokenizer_path(store_dir, kind))
     dtype = token_dtype(vocab)
     final = store_dir / SHARDS / shard_name(index)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -286,9 +278,12 @@ def _check_plan(store_dir: pathlib.Path, plan: dict) -> None:
     _write_json(path, plan)
 
 
-def prepare_plan_and_tokenizer(data, *, workers: int | None = None) -> list[Source]:
+def prepare_plan_and_tokenizer(
+    data, vocabulary: Vocabulary, *, workers: int | None = None
+) -> list[Source]:
     """The first stage of `prepare_store`: the store's plan and its tokenizer (trained on the
-    sample where missing). Idempotent; one process of a run does it before the others start.
+    sample where missing, or copied from the pretrained model). Idempotent; one process of a
+    run does it before the others start.
 
     Returns:
         The shards' sources.
@@ -297,21 +292,21 @@ def prepare_plan_and_tokenizer(data, *, workers: int | None = None) -> list[Sour
         as `prepare_store`.
     """
     store_dir = pathlib.Path(data.store_dir)
-    sources = plan_shards(data)
+    shards = plan_shards(data)
     plan = {
         "format": STORE_FORMAT,
-        "settings": store_settings(data),
-        "sources": [dataclasses.asdict(s) for s in sources],
+        "settings": store_settings(data, vocabulary),
+        "sources": [dataclasses.asdict(s) for s in shards],
     }
     try:
         (store_dir / SHARDS).mkdir(parents=True, exist_ok=True)
         _check_plan(store_dir, plan)
-        _ensure_tokenizer(store_dir, sources, data, _workers(data, workers))
+        _ensure_tokenizer(store_dir, shards, data, vocabulary, _workers(data, workers))
     except OSError as err:
         raise StoreWriteError(
             f"could not write the token store {store_dir} ({err}) ; fix the cause and rerun."
         ) from err
-    return sources
+    return shards
 
 
 def _workers(data, workers: int | None) -> int:
@@ -322,6 +317,7 @@ def _workers(data, workers: int | None) -> int:
 
 def prepare_store(
     data,
+    vocabulary: Vocabulary,
     *,
     workers: int | None = None,
     part: tuple[int, int] = (0, 1),
@@ -331,6 +327,7 @@ def prepare_store(
 
     Args:
         data: the data section (`train.config.sections.DataConfig`); its store fields and corpus.
+        vocabulary: the run's ids (`train.data.tokenizers.vocabulary`).
         workers: worker processes (default `data.prepare_workers`, 0 = every core).
         part: (i, n): prepare shards i, i + n, ... only (machine i of n, one shared store).
         progress: show a progress bar with tokens/s.
@@ -346,11 +343,11 @@ def prepare_store(
     index, count = part
     if not 0 <= index < count:
         raise ValueError(f"--part={index}/{count}: i must be in [0, n).")
-    settings = store_settings(data)
+    settings = store_settings(data, vocabulary)
     if (store_dir / MANIFEST).is_file():
         return TokenStore.open(store_dir, settings)
     workers = _workers(data, workers)
-    sources = prepare_plan_and_tokenizer(data, workers=workers)
+    sources = prepare_plan_and_tokenizer(data, vocabulary, workers=workers)
     mine = [i for i in range(len(sources)) if i % count == index]
     _remove_stale(store_dir, mine)
     todo = [i for i in mine if not (store_dir / SHARDS / shard_name(i) / SHARD_META).is_file()]
@@ -384,20 +381,19 @@ def prepare_store(
     return TokenStore.open(store_dir, settings)
 
 
-def _ensure_tokenizer(store_dir: pathlib.Path, sources, data, workers: int) -> None:
+def _ensure_tokenizer(
+    store_dir: pathlib.Path, shards, data, vocabulary: Vocabulary, workers: int
+) -> None:
     if data.tokenizer == "pretrained":  # a copy of the model's tokenizer, for the workers
-        from train.program import pretrained
-
-        copy = store_dir / pretrained.SNAPSHOT_DIR
-        if not (copy / pretrained.CONFIG_FILE).is_file():
-            source = pretrained.read_source(data.init_from, need_weights=False)
-            pretrained.snapshot(source, copy)
+        copy = tokenizer_path(store_dir, "pretrained")
+        if not (copy / CONFIG_FILE).is_file():
+            snapshot(read_source(vocabulary.source, need_weights=False), copy)
         return
     model = store_dir / TOKENIZER_FILE
     if data.tokenizer != "sentencepiece" or model.is_file():
         return
     started = time.perf_counter()
-    sample = tokenizer_sample(sources, data, workers)
+    sample = tokenizer_sample(shards, data, workers)
     if not sample:
         raise StoreError(
             f"the corpus {data.corpus_path or data.corpus!r} has no training document ; check "

@@ -6,6 +6,7 @@ names one (`--config.store_dir`) reads it through `train.store.store_pipeline`. 
     <store_dir>/
       plan.json                the inputs and settings the store is prepared from
       tokenizer.model          the SentencePiece model (absent for the byte tokenizer)
+      pretrained/              a pretrained model's tokenizer files (tokenizer 'pretrained')
       shards/00000/            one directory per shard of the input, written whole then renamed
         train.bin              the train documents' ids, each as BOS ids EOS, end to end
         train_docs.bin         int64 offset of each train document's first token (its BOS)
@@ -37,13 +38,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from train.data.tokenizer import model_vocab_size
+from train.data.corpora import get_corpus
+from train.data.tokenizers import Vocabulary
 
 # Written into every manifest; a store of another format is refused with the fix.
 STORE_FORMAT = 1
 MANIFEST = "store.json"
 PLAN = "plan.json"
 TOKENIZER_FILE = "tokenizer.model"
+PRETRAINED = "pretrained"  # the copy of a pretrained model's tokenizer (`train.sources.snapshot`)
 SHARDS = "shards"
 SHARD_META = "shard.json"
 SPLITS = ("train", "valid")
@@ -80,18 +83,20 @@ def split_files(split: str) -> tuple[str, str]:
     return f"{split}.bin", f"{split}_docs.bin"
 
 
-def store_settings(data) -> dict:
-    """What a store is prepared for, from the data section: what `TokenStore.open` compares.
+def store_settings(data, vocabulary: Vocabulary) -> dict:
+    """What a store is prepared for: what `TokenStore.open` compares.
 
     Args:
         data: the data section (`train.config.sections.DataConfig`).
+        vocabulary: the run's ids (`train.data.tokenizers.vocabulary`): the model's
+            vocabulary size and, for a pretrained model, what its tokenizer's ids mean.
     """
     return {
         "corpus": data.corpus,
-        "corpus_path": data.corpus_path if data.corpus != "kjv" else "",
+        "corpus_path": data.corpus_path if get_corpus(data.corpus).reads_files else "",
         "text_field": data.text_field,
         "tokenizer": data.tokenizer,
-        "vocab_size": _vocab_size(data),
+        "vocab_size": vocabulary.size,
         "valid_fraction": data.valid_fraction,
         "test_fraction": data.test_fraction,
         "sample_chars": data.store_sample_chars if data.tokenizer == "sentencepiece" else 0,
@@ -99,32 +104,20 @@ def store_settings(data) -> dict:
         "text_documents": data.text_documents,
         "valid_path": data.valid_path,
         "test_path": data.test_path,
-        "pretrained_tokenizer": _pretrained_tokenizer_sha(data),
+        "pretrained_tokenizer": vocabulary.identity(),
     }
 
 
-def _vocab_size(data) -> int:
-    """The model vocabulary the store's ids are for (a pretrained model's own, pad added)."""
-    if data.tokenizer == "pretrained":
-        from train.program import pretrained
-
-        return pretrained.read_source(data.init_from, need_weights=False).model.vocab_size
-    return model_vocab_size(data.tokenizer, data.vocab_size)
-
-
-def _pretrained_tokenizer_sha(data) -> str:
-    """sha256 of a pretrained model's tokenizer file (its ids' meaning), or ''."""
-    if data.tokenizer != "pretrained":
-        return ""
-    from train.program import pretrained
-
-    source = pretrained.read_source(data.init_from, need_weights=False)
-    name = "tokenizer.json" if source.family != pretrained.RUN else CONFIG_OF_RUN
-    return hashlib.sha256((source.path / name).read_bytes()).hexdigest()
-
-
-# A run used as a pretrained source: its config.json names its tokenizer.
-CONFIG_OF_RUN = "config.json"
+def tokenizer_path(store_dir: str | os.PathLike, kind: str) -> pathlib.Path:
+    """Where a store's tokenizer of `kind` is read from (`train.data.tokenizers.open_tokenizer`):
+    its SentencePiece model, or its copy of the pretrained model's tokenizer; the store
+    itself for bytes, which read no file."""
+    store_dir = pathlib.Path(store_dir)
+    if kind == "sentencepiece":
+        return store_dir / TOKENIZER_FILE
+    if kind == "pretrained":
+        return store_dir / PRETRAINED
+    return store_dir
 
 
 # What a store prepared before a setting existed was prepared with (`check_settings`).

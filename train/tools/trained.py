@@ -17,8 +17,8 @@ from flax import linen as nn
 
 from train.config import config_lib
 from train.config.sections import Experiment
-from train.data import input_pipeline
 from train.data.tokenizer import Tokenizer
+from train.data.tokenizers import run_tokenizer
 from train.program.tasks import get_task
 from train.run.checkpoint import Checkpointer
 from train.run.rundir import RunDir
@@ -66,9 +66,7 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     """
     run = RunDir(workdir)
     config, experiment = config_lib.read_saved(run.path)
-    tokenizer = input_pipeline.make_tokenizer(
-        experiment.data.tokenizer, experiment.data.vocab_size, run
-    )
+    tokenizer = run_tokenizer(experiment.data.tokenizer, experiment.data.vocab_size, run)
     task = get_task(experiment.data.task)
     # As training builds it: the model section with the tokenizer's vocabulary.
     model = task.make_model(dataclasses.replace(experiment.model, vocab_size=tokenizer.vocab_size))

@@ -1,0 +1,70 @@
+"""The split of a corpus into train / validation / test by a hash of each example's text
+(`split_examples`): the same for the in-memory path and the token store's documents."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import NamedTuple
+
+# Split rule: an example's key hashed with BLAKE2b to 8 bytes, read as a fraction in [0, 1).
+_SPLIT_HASH_BYTES = 8
+_SPLIT_HASH_SCALE = 2.0 ** (8 * _SPLIT_HASH_BYTES)
+
+
+class Splits(NamedTuple):
+    """Examples of each split, each in the input order."""
+
+    train: list
+    valid: list
+    test: list
+
+
+def _split_key(example) -> str:
+    """The text an example's split is decided by (see `split_examples`)."""
+    if isinstance(example, str):
+        return example
+    return "\t".join(sorted(example))
+
+
+def split_fraction(example) -> float:
+    """The example's position in [0, 1) under the split rule (see `split_examples`)."""
+    digest = hashlib.blake2b(_split_key(example).encode("utf-8"), digest_size=_SPLIT_HASH_BYTES)
+    return int.from_bytes(digest.digest(), "big") / _SPLIT_HASH_SCALE
+
+
+def split_examples(examples: Sequence, valid_fraction: float, test_fraction: float) -> Splits:
+    """Deterministic train/valid/test split by a hash of each example's text.
+
+    Rule: hash the example's text (a string, or a pair's two texts sorted and joined by a tab,
+    so "ja-en" and "en-ja" split alike) to u in [0, 1); u < valid_fraction goes to valid,
+    u < valid_fraction + test_fraction to test, the rest to train. The result depends neither on
+    randomness nor on loading order, identical examples always share a split, and the split
+    sizes are the fractions only approximately (a tiny corpus may get an empty split).
+
+    Args:
+        examples: strings or (source, target) string pairs.
+        valid_fraction: expected share of validation examples, in [0, 1).
+        test_fraction: expected share of test examples, in [0, 1).
+
+    Returns:
+        Splits(train, valid, test), each keeping the input order.
+
+    Raises:
+        ValueError: a fraction is negative or they sum to 1 or more.
+    """
+    if valid_fraction < 0 or test_fraction < 0 or valid_fraction + test_fraction >= 1:
+        raise ValueError(
+            f"valid_fraction={valid_fraction} and test_fraction={test_fraction} must be "
+            "non-negative and sum to less than 1, leaving examples for training."
+        )
+    splits = Splits([], [], [])
+    for example in examples:
+        u = split_fraction(example)
+        if u < valid_fraction:
+            splits.valid.append(example)
+        elif u < valid_fraction + test_fraction:
+            splits.test.append(example)
+        else:
+            splits.train.append(example)
+    return splits

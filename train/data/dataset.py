@@ -1,0 +1,73 @@
+"""What the training loop gets from the data (`Dataset`), whichever path made it, and a
+process's part in making it (`Processes`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from train.data.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from train.program.tasks import Task
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Everything the training loop needs from the data, whichever path read it (a token
+    store, `train.store.store_pipeline.open_store_dataset`, or the corpus in memory,
+    `train.data.in_memory.build_dataset`; `train.data.input_pipeline.open_dataset` chooses).
+
+    Attributes:
+        task: the run's task.
+        tokenizer: encodes and decodes text; its special ids are the batching's.
+        eval_batches: all the validation batches, in a fixed order.
+        valid_examples: validation texts: (source, target) pairs or lines (empty for a
+            token store, which keeps token ids only).
+        chars_per_token: characters of the validation texts per validation label (EOS
+            and BOS labels count no character), to turn nats per label into bits per
+            character of the original text (exact over all the validation batches).
+        sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
+            valid/test, and how many were dropped as too long (a store: documents, tokens).
+        fingerprint: `data_fingerprint` of the train and validation splits, before
+            tokenization (or the token store's `fingerprint`): a resumed run checks that it
+            still trains on the same data.
+        make_stream: (seed, saved stream state, start step) -> the training batches from
+            that step on; see `stream`.
+    """
+
+    task: Task
+    tokenizer: Tokenizer
+    eval_batches: list[dict[str, np.ndarray]]
+    valid_examples: list
+    chars_per_token: float
+    sizes: dict[str, int]
+    fingerprint: dict[str, int | str]
+    make_stream: Callable[[int, Mapping | None, int], Iterator]
+
+    def stream(self, seed: int, saved: Mapping | None, start_step: int) -> Iterator:
+        """The training batches from `start_step` on: an `EpochStream` restored from `saved`
+        (in memory), or a store's `StoreStream`; either has `state_dict()` to checkpoint."""
+        return self.make_stream(seed, saved, start_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """This process's part in a run of several (one process: the defaults).
+
+    Attributes:
+        primary: process 0, which trains a tokenizer or prepares a store's plan first.
+        barrier: waits until every process reaches the barrier of that name.
+        part: (process index, process count), to prepare a store's shards together.
+    """
+
+    primary: bool = True
+    barrier: Callable[[str], None] = lambda name: None
+    part: tuple[int, int] = (0, 1)
+
+
+# The part of the only process of a run.
+ONE_PROCESS = Processes()

@@ -1,0 +1,139 @@
+"""The one tokenizer factory: `open_tokenizer(kind, vocab_size, path)` for a run, a token
+store, its worker processes, the tools that read a trained run, and a pretrained source.
+
+    kind             path                                   the tokenizer
+    'byte'           (unused)                               ByteTokenizer
+    'sentencepiece'  the model file (`spm_<V>.model` of a   SentencePieceTokenizer, trained on
+                     run, `tokenizer.model` of a store)     `train_texts` where the file is missing
+    'pretrained'     a pretrained source or its snapshot    the model's own (`train.sources`):
+                     (a Hugging Face directory, a run)      `tokenizer.json`, or the run's own
+
+`Vocabulary` is what a run resolved once of its ids (the tokenizer kind, the model's
+vocabulary size, the pretrained source), handed to the token store so that it never reads
+`--config.init_from` again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+from collections.abc import Sequence
+
+from train import sources
+from train.data.hf_tokenizer import PretrainedTokenizer
+from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from train.run.rundir import RunDir
+
+
+def open_tokenizer(
+    kind: str,
+    vocab_size: int,
+    path: str | os.PathLike,
+    *,
+    train_texts: Sequence[str] | None = None,
+    lossless: bool = False,
+) -> Tokenizer:
+    """The tokenizer of `kind` read from `path` (see the module docstring).
+
+    Args:
+        kind: 'byte', 'sentencepiece' or 'pretrained' (`--config.tokenizer`).
+        vocab_size: SentencePiece pieces (`--config.vocab_size`; unused by the others).
+        path: the SentencePiece model file, or the pretrained source's directory.
+        train_texts: the texts SentencePiece is trained on where `path` is missing (None:
+            the model must exist).
+        lossless: train a lossless SentencePiece model (the documents are verbatim); a model
+            already there is read as it is (`SentencePieceTokenizer.lossless` says which).
+
+    Raises:
+        FileNotFoundError: the SentencePiece model is missing and no training text given.
+        ValueError: an unknown kind, or a pretrained source that does not read.
+    """
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "pretrained":
+        return source_tokenizer(sources.read_source(path, need_weights=False))
+    if kind != "sentencepiece":
+        raise ValueError(
+            f"--config.tokenizer={kind!r}: must be 'byte', 'sentencepiece' or 'pretrained'."
+        )
+    if train_texts is None:
+        return SentencePieceTokenizer(path)
+    if not pathlib.Path(path).exists():
+        logging.info("Training SentencePiece (vocab %d) on the train split...", vocab_size)
+    tokenizer = SentencePieceTokenizer.train_or_load(
+        list(train_texts), path, vocab_size, lossless=lossless
+    )
+    if lossless and not tokenizer.lossless:
+        logging.warning(
+            "%s normalises text (trained before lossless tokenizers, or for collapsed "
+            "whitespace) while this run keeps documents verbatim: their line breaks and "
+            "runs of spaces are lost in tokens. Delete it (in a fresh --workdir) to train a "
+            "lossless one.",
+            path,
+        )
+    return tokenizer
+
+
+def source_tokenizer(source: sources.Source) -> Tokenizer:
+    """A pretrained source's tokenizer: a Hugging Face `tokenizer.json` with the model's
+    added pad id, or the tokenizer a run trained with."""
+    if isinstance(source, sources.RunSource):
+        return open_tokenizer(source.tokenizer, source.vocab_size, source.tokenizer_path())
+    return PretrainedTokenizer(
+        source.path, model_vocab_size=source.model.vocab_size, pad_id=source.model.pad_id
+    )
+
+
+def run_tokenizer(
+    kind: str,
+    vocab_size: int,
+    run: RunDir,
+    train_texts: Sequence[str] | None = None,
+    *,
+    lossless: bool = False,
+) -> Tokenizer:
+    """The tokenizer of a run directory (`RunDir.tokenizer_path`); SentencePiece is trained
+    on `train_texts` on first use and kept there."""
+    path = run.tokenizer_path(kind, vocab_size)
+    return open_tokenizer(kind, vocab_size, path, train_texts=train_texts, lossless=lossless)
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """The ids of a run, resolved once from its config: what a token store is prepared for.
+
+    Attributes:
+        kind: the tokenizer ('byte', 'sentencepiece', 'pretrained').
+        size: the model's vocabulary: every id lies below it (a pretrained model's added
+            pad id included).
+        source: for 'pretrained', the source the tokenizer is read from (a Hugging Face
+            directory, a run directory, or a run's snapshot of one); '' otherwise.
+    """
+
+    kind: str
+    size: int
+    source: str = ""
+
+    def identity(self) -> str:
+        """What the ids mean beyond their count: the SHA-256 of the pretrained source's
+        tokenizer definition ('' for bytes and SentencePiece, whose store holds its own
+        model)."""
+        if self.kind != "pretrained":
+            return ""
+        return sources.read_source(self.source, need_weights=False).tokenizer_sha256()
+
+
+def vocabulary(data, model_vocab_size: int, source: str = "") -> Vocabulary:
+    """The `Vocabulary` of a data section whose model has `model_vocab_size` ids.
+
+    Args:
+        data: the data section (`train.config.sections.DataConfig`).
+        model_vocab_size: the model section's `vocab_size` (`validate_config` resolved it).
+        source: the pretrained source (default: `data.init_from`; a resumed run passes its
+            snapshot).
+    """
+    if data.tokenizer != "pretrained":
+        return Vocabulary(data.tokenizer, model_vocab_size)
+    return Vocabulary(data.tokenizer, model_vocab_size, str(source or data.init_from))

@@ -1,0 +1,292 @@
+"""The weights of a pretrained source (`train.sources`), read and placed for a run of
+`--config.init_from`.
+
+- a Hugging Face directory: `model.safetensors` or its shards (`model.safetensors.index.json`),
+  read tensor by tensor with plain file reads and handed to the library's per-layer
+  importers (`flax_transformer.interop.gpt2`, `llama`) as if they were a torch module;
+- a `train.main` run: its newest parameters (`train.tools.trained.load_trained`), LoRA
+  adapters merged.
+Each finished parameter is placed at once with the run's sharding
+(`train.program.steps.create_train_state(..., pretrained=...)`), so the host holds one layer
+in float32 at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+from flax import traverse_util
+
+from flax_transformer import DecoderOnlyTransformer, TransformerConfig, merge_lora
+from flax_transformer.interop import gpt2, llama
+from train import sources
+from train.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
+from train.tools.trained import load_trained
+
+# safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes, a jax dependency).
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": jnp.bfloat16,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+class SafetensorsReader:
+    """The tensors of a model directory's safetensors file(s), each read on request with
+    plain file reads into a fresh numpy array (no memory map: the host keeps only the
+    arrays asked for).
+
+    The format (huggingface/safetensors): an 8-byte little-endian header length, a JSON
+    header naming each tensor's dtype, shape and byte range, then the bytes.
+    """
+
+    def __init__(self, directory: pathlib.Path):
+        index = directory / WEIGHTS_INDEX_FILE
+        if index.is_file():
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = [WEIGHTS_FILE]
+        self._where: dict[str, tuple[pathlib.Path, int, dict]] = {}
+        for name in files:
+            path = directory / name
+            with open(path, "rb") as f:
+                size = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(size))
+            header.pop("__metadata__", None)
+            for key, info in header.items():
+                self._where[key] = (path, 8 + size, info)
+        self.bytes_on_disk = sum((directory / name).stat().st_size for name in files)
+
+    def keys(self) -> set[str]:
+        return set(self._where)
+
+    def get(self, name: str) -> np.ndarray:
+        path, offset, info = self._where[name]
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, not supported.")
+        start, stop = info["data_offsets"]
+        out = np.empty(info["shape"], _SAFETENSORS_DTYPES[info["dtype"]])
+        if out.nbytes != stop - start:
+            raise ValueError(f"{path}: tensor {name} holds {stop - start} bytes, not {out.nbytes}.")
+        with open(path, "rb") as f:
+            f.seek(offset + start)
+            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
+
+class _LazyModule:
+    """A dotted prefix of tensor names that answers like a torch module: `.weight` and
+    `.bias` read the tensor, other attributes are submodules, and a numbered list of
+    submodules (`h`, `layers`) iterates. Names the checkpoint lacks raise AttributeError
+    (`getattr(module, 'bias', None)` is None), so the importers' checks still apply."""
+
+    def __init__(self, reader: SafetensorsReader, prefix: str):
+        self._reader, self._prefix = reader, prefix
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        full = self._prefix + name
+        if full in self._reader._where:
+            return self._reader.get(full)
+        if any(key.startswith(full + ".") for key in self._reader._where):
+            return _LazyModule(self._reader, full + ".")
+        raise AttributeError(f"{full}: not in the checkpoint")
+
+    def __iter__(self) -> Iterator[_LazyModule]:
+        indices = {
+            int(key[len(self._prefix) :].split(".", 1)[0])
+            for key in self._reader._where
+            if key.startswith(self._prefix) and key[len(self._prefix) :].split(".", 1)[0].isdigit()
+        }
+        return iter(_LazyModule(self._reader, f"{self._prefix}{i}.") for i in sorted(indices))
+
+
+def _lazy_model(source: HFSource, reader: SafetensorsReader) -> types.SimpleNamespace:
+    """The checkpoint's layers as the objects the library's per-layer importers read
+    (`body.h[i]` for GPT-2, `body.layers[i]` for Llama), and the tensor-name prefix of the
+    body ('transformer.' / 'model.', or '' where the base model was saved alone)."""
+    body = "transformer" if source.family == "gpt2" else "model"
+    prefix = f"{body}." if any(k.startswith(f"{body}.") for k in reader.keys()) else ""
+    return types.SimpleNamespace(body=_LazyModule(reader, prefix), body_prefix=prefix)
+
+
+def load_weights(
+    source: sources.Source, model: TransformerConfig, placement: Mapping | None = None
+) -> tuple[dict, int]:
+    """The checkpoint's parameters for a model of config `model` (the run's layout:
+    scan_layers, param_dtype), and the bytes read from disk.
+
+    Read layer by layer with the library's importers' per-layer conversions, so the host
+    holds one layer in float32 at a time beside the parameters in their dtype; each finished
+    parameter is placed at once (`placement`: parameter path tuple -> a leaf with a
+    `.sharding`, e.g. the run's `train_state_shapes(...).params` flattened) and its host
+    copy dropped. LoRA adapters and other parameters the checkpoint does not hold are not in
+    the tree: `create_train_state` keeps their initial values.
+
+    Raises:
+        ValueError: a weight missing or of the wrong shape (named).
+    """
+    base = dataclasses.replace(model, **_without_adapters(model))
+    dtype = np.dtype(base.param_dtype)
+    if isinstance(source, sources.RunSource):
+        return _load_run_weights(source, base, placement), 0
+    reader = SafetensorsReader(source.path)
+    lazy = _lazy_model(source, reader)
+
+    def place(path: tuple[str, ...], array: np.ndarray):
+        array = np.asarray(array).astype(dtype, copy=False)
+        if placement is not None and path in placement:
+            return jax.device_put(array, placement[path].sharding)
+        return jnp.asarray(array)
+
+    try:
+        top, layers = _read_checkpoint(source, lazy, reader, base)
+        out = {path: place(path, read()) for path, read in top.items()}
+        if base.scan_layers:  # one (L, ...) array per parameter, placed first, filled by layer
+            for i, layer in enumerate(layers):
+                for key, value in layer().items():
+                    path = ("decoder", "layers", *key)
+                    if path not in out:
+                        shape = (base.decoder_layers, *value.shape)
+                        out[path] = _zeros(shape, dtype, path, placement)
+                    out[path] = _set_layer(out[path], np.int32(i), np.asarray(value).astype(dtype))
+        else:
+            for i, layer in enumerate(layers):
+                for key, value in layer().items():
+                    path = ("decoder", f"layers_{i}", *key)
+                    out[path] = place(path, value)
+    except AttributeError as err:
+        raise ValueError(f"{source.path}: a weight the model needs is missing ({err})") from None
+    _check_tree(out, base, source)
+    return traverse_util.unflatten_dict(out), reader.bytes_on_disk
+
+
+def _zeros(shape, dtype, path, placement) -> jax.Array:
+    """A zero array placed as the parameter at `path` is (default device without one)."""
+    sharding = placement[path].sharding if placement is not None and path in placement else None
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stack: jax.Array, index, value) -> jax.Array:
+    """`stack` with layer `index` replaced by `value`, in place (donated)."""
+    return jax.lax.dynamic_update_index_in_dim(stack, value, index, 0)
+
+
+def _load_run_weights(source: sources.RunSource, model: TransformerConfig, placement) -> dict:
+    """The newest parameters of a train.main run (LoRA adapters merged into their
+    weights), in `model`'s dtype and layout, placed as `placement` says."""
+    trained = load_trained(source.path)
+    config, params = trained.model.config, trained.params
+    if getattr(config, "lora_rank", 0):
+        config, params = merge_lora(config, params)
+    if config.scan_layers != model.scan_layers:
+        raise fail(
+            source.path,
+            f"the run's layers are stored with scan_layers={config.scan_layers}; set "
+            f"--config.model.scan_layers={config.scan_layers}",
+        )
+    dtype = np.dtype(model.param_dtype)
+    out = {}
+    for path, value in traverse_util.flatten_dict(params).items():
+        value = jnp.asarray(value, dtype)
+        if placement is not None and path in placement:
+            value = jax.device_put(value, placement[path].sharding)
+        out[path] = value
+    return traverse_util.unflatten_dict(out)
+
+
+def _read_checkpoint(source: HFSource, lazy, reader: SafetensorsReader, config: TransformerConfig):
+    """The checkpoint's parameters outside the layers (path -> a callable giving the host
+    array in the parameters' dtype) and one callable per layer giving that layer's
+    (path within the layer -> host array)."""
+    d, dtype = config.d_model, np.dtype(config.param_dtype)
+    vocab = int(source.hf_config["vocab_size"])
+    body_prefix = lazy.body_prefix
+
+    def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        full = body_prefix + name if not name.startswith("lm_head") else name
+        if full not in reader._where:
+            raise AttributeError(f"{full}: not in the checkpoint")
+        array = reader.get(full)
+        if array.shape != shape:
+            raise ValueError(f"{source.path}: {full} has shape {array.shape}, expected {shape}.")
+        return array
+
+    def table(name: str, transpose: bool = False):
+        """A (V, D) table with zero rows for the added ids, in the parameters' dtype."""
+
+        def read() -> np.ndarray:
+            rows = tensor(name, (vocab, d))
+            out = np.zeros((config.vocab_size, d), dtype)
+            out[:vocab] = rows
+            return out.T if transpose else out
+
+        return read
+
+    top: dict[tuple[str, ...], Any] = {}
+    if source.family == "gpt2":
+        blocks, prefix, convert = list(lazy.body.h), "h", gpt2._block_params
+        top[("embed", "embedding")] = table("wte.weight")
+        top[("decoder", "positions", "pos_embedding")] = lambda: tensor(
+            "wpe.weight", (config.max_len, d)
+        )
+        top[("decoder", "final_norm", "scale")] = lambda: tensor("ln_f.weight", (d,))
+        top[("decoder", "final_norm", "bias")] = lambda: tensor("ln_f.bias", (d,))
+    else:
+        blocks, prefix, convert = list(lazy.body.layers), "layers", llama._layer_params
+        top[("embed", "embedding")] = table("embed_tokens.weight")
+        top[("decoder", "final_norm", "scale")] = lambda: tensor("norm.weight", (d,))
+    if not config.tie_output_embedding:
+        top[("decoder", "logits", "kernel")] = table("lm_head.weight", transpose=True)
+    if len(blocks) != config.decoder_layers:
+        raise ValueError(
+            f"{source.path}: the checkpoint has {len(blocks)} layers, its config.json "
+            f"{config.decoder_layers}."
+        )
+
+    def layer(i: int):
+        return lambda: traverse_util.flatten_dict(convert(blocks[i], config, f"{prefix}.{i}"))
+
+    return top, [layer(i) for i in range(len(blocks))]
+
+
+def _check_tree(params: Mapping, config: TransformerConfig, source: HFSource) -> None:
+    """Every parameter of the model (LoRA aside) read, with its shape."""
+    model = DecoderOnlyTransformer(config)
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    shapes = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), tokens)))["params"]
+    want = {k: v.shape for k, v in traverse_util.flatten_dict(shapes).items()}
+    have = {k: tuple(v.shape) for k, v in params.items()}
+    if want != have:
+        missing = sorted("/".join(k) for k in set(want) - set(have))
+        wrong = sorted("/".join(k) for k in set(want) & set(have) if want[k] != have[k])
+        extra = sorted("/".join(k) for k in set(have) - set(want))
+        raise ValueError(
+            f"{source.path}: the weights do not fit the model of its config.json: missing "
+            f"{missing}, wrong shape {wrong}, unexpected {extra}."
+        )
+
+
+def _without_adapters(model: TransformerConfig) -> dict:
+    """Config fields that switch LoRA adapters off (none where the config has no LoRA)."""
+    return {"lora_rank": 0} if getattr(model, "lora_rank", 0) else {}

@@ -1,0 +1,121 @@
+"""What a pretrained source is (`--config.init_from`): a Hugging Face model directory
+(`train.sources.hf`) or a `train.main` run directory (`train.sources.run`), read without its
+weights.
+
+This package is a leaf of `train/`: config/, data/, store/ and program/ all read sources
+through it, and it imports none of them. What the layers above do with a source:
+- `train.config.config_lib` merges its model config with the run's own choices;
+- `train.data.tokenizers.open_tokenizer` opens its tokenizer (the one tokenizer factory);
+- `train.program.weights.load_weights` reads and places its weights.
+A new kind of source is one new reader module here and one line in `read_source`.
+
+A run copies a source's small files (config and tokenizer) into `workdir/pretrained/`
+(`snapshot`), so its tools (`train.sample`, `train.export`) and a resumed run work after the
+source has moved; `open_source` prefers that copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from train.run.rundir import RunDir
+from train.sources.hf import CONFIG_FILE, HFSource, fail, read_config_json, read_hf_directory
+from train.sources.run import RunSource, is_run_config, read_run_directory
+
+# A source of any kind.
+Source = HFSource | RunSource
+
+# Where a run keeps the snapshot of its source, and the record of where it came from.
+SNAPSHOT_DIR = RunDir.PRETRAINED
+SOURCE_FILE = "source.json"
+
+# TransformerConfig fields that the pretrained weights decide: `--config.model.<field>` must
+# be None or equal. The others (dtype, scan_layers, remat, dropout, attention_impl, LoRA...)
+# are the run's to choose.
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "pad_id",
+    "d_model",
+    "num_heads",
+    "num_kv_heads",
+    "d_ff",
+    "num_layers",
+    "max_len",
+    "norm",
+    "norm_position",
+    "final_norm",
+    "positional",
+    "rope_base",
+    "activation",
+    "use_bias",
+    "layer_norm_eps",
+    "share_embeddings",
+    "tie_output_embedding",
+    "scale_embeddings",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "attention_bias",
+    "ffn_bias",
+    "norm_bias",
+    "output_bias",
+)
+
+
+def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source:
+    """The pretrained source at `path`, checked.
+
+    Args:
+        path: `--config.init_from`: a Hugging Face GPT-2 / Llama / Mistral directory, or a
+            `train.main` run directory (or a run's snapshot of either).
+        need_weights: also check that the weights are there (a snapshot has none).
+
+    Raises:
+        ValueError: not a directory, no config.json, an unsupported model type or option,
+            or no weights; one line naming the path and the fix.
+    """
+    directory = pathlib.Path(path)
+    if not directory.is_dir():
+        raise fail(path, "not a directory; give a local Hugging Face model directory")
+    raw = read_config_json(directory)
+    if is_run_config(raw):
+        return read_run_directory(directory, raw, need_weights)
+    if not isinstance(raw, dict) or "model_type" not in raw:
+        raise fail(
+            path,
+            f"{CONFIG_FILE} has no model_type: neither a Hugging Face model nor a train.main run",
+        )
+    return read_hf_directory(directory, raw, need_weights)
+
+
+def open_source(init_from: str, workdir: str | os.PathLike | None = None) -> Source:
+    """`--config.init_from`'s source, or the run's snapshot of it where the run has one
+    (`workdir/pretrained/`: the tools of a finished run work after the source has moved,
+    and a resumed run needs no weights from it)."""
+    if workdir is not None:
+        copy = pathlib.Path(workdir) / SNAPSHOT_DIR
+        if (copy / CONFIG_FILE).is_file():
+            return read_source(copy, need_weights=False)
+    return read_source(init_from)
+
+
+def snapshot(source: Source, target: str | os.PathLike) -> None:
+    """Copies the source's small files into `target` (a run's or a store's `pretrained/`)
+    and records where they came from."""
+    target = pathlib.Path(target)
+    target.mkdir(parents=True, exist_ok=True)
+    source.copy_files(target)
+    record = {"path": str(source.path.resolve()), "family": source.family}
+    (target / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
+def origin(source: Source) -> HFSource | None:
+    """The Hugging Face model a source started from: itself, or through the snapshots of
+    runs started from runs; None for a run trained from scratch."""
+    while isinstance(source, RunSource):
+        copy = source.path / SNAPSHOT_DIR
+        if not (copy / CONFIG_FILE).is_file():
+            return None
+        source = read_source(copy, need_weights=False)
+    return source
