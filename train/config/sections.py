@@ -20,7 +20,8 @@ tasks and the decoding may read the sections without a circle. Every function of
 program receives the section it reads, never the whole config.
 
 The sections are data: what is built from them lives in `train/program/` (the schedule and
-the optax optimizer in `train.program.optim`).
+the optax optimizer in `train.program.optim`, the decoding strategies in
+`train.program.inference`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, ClassVar
 
 import ml_collections
 
-from flax_transformer import Beam, Greedy, Sample, TransformerConfig
+from flax_transformer import TransformerConfig
 
 CORPORA = ("bible", "kjv-web", "kjv", "tsv", "text", "hf")
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
@@ -531,19 +532,6 @@ class DecodeOptions:
             raise DecodeOptionError(
                 "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
             )
-
-    def translation_strategy(self) -> Greedy | Beam:
-        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
-        if self.beam_size > 1:
-            return Beam(self.beam_size, self.length_penalty)
-        return Greedy()
-
-    def text_strategy(self) -> Greedy | Sample:
-        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
-        which has nothing for top_k/top_p to filter, so the run's values go unused."""
-        if self.temperature > 0:
-            return Sample(self.temperature, self.top_k, self.top_p)
-        return Greedy()
 
 
 @dataclasses.dataclass(frozen=True)
