@@ -15,7 +15,7 @@ import pytest
 from flax_transformer import sharding
 from train import train_lib
 from train.config import config_lib
-from train.program import steps, tasks
+from train.program import optim, steps, tasks
 
 CONFIG_NAMES = sorted(
     p.stem
@@ -77,7 +77,7 @@ def test_paper_sizes_match_table_3(name):
 
 def test_paper_learning_rate_schedule():
     config = _config("transformer_base")
-    schedule = config_lib.validate_config(config).schedule.build()
+    schedule = optim.make_schedule(config_lib.validate_config(config).schedule)
     for t in (1, 100, 4000, 10_000, 100_000):
         paper = 512**-0.5 * min(t**-0.5, t * 4000**-1.5)  # Vaswani et al. eq. 3
         assert float(schedule(t - 1)) == pytest.approx(paper, rel=1e-5)
@@ -116,7 +116,7 @@ def test_one_train_step_at_tiny_size(name, request):
     assert int(state.step) == config.grad_accum_steps
     assert np.isfinite(float(metrics["loss"])) and float(metrics["tokens"]) == 32
     # The step reports the rate its update used: the schedule at the run's first update.
-    first_rate = experiment.schedule.build()(0)
+    first_rate = optim.make_schedule(experiment.schedule)(0)
     assert float(metrics["learning_rate"]) == pytest.approx(float(first_rate), rel=1e-6)
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, np.asarray(b)), before, state.params)
     assert any(jax.tree.leaves(changed))

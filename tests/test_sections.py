@@ -24,7 +24,7 @@ from train.config.sections import (
     StepConfig,
 )
 from train.data.tokenizer import ByteTokenizer
-from train.program import steps, tasks
+from train.program import optim, steps, tasks
 from train.run import failures
 
 
@@ -156,7 +156,7 @@ def test_the_train_step_reports_the_rate_of_its_update():
         state, metrics = program.train_step(state, program.put_batch(batch))
         reported.append(float(jax.device_get(metrics["learning_rate"])))
     # Two micro-batches per update: steps 0, 1 make update 0, steps 2, 3 update 1, ...
-    schedule = experiment.schedule.build()
+    schedule = optim.make_schedule(experiment.schedule)
     expected = [float(schedule(step // 2)) for step in range(6)]
     np.testing.assert_allclose(reported, expected, rtol=1e-6)
     assert reported[0] < reported[2] < reported[4]  # still warming up over three updates

@@ -256,14 +256,15 @@ def test_the_program_decode_options_build_one_strategy():
     """train.program.inference: translation greedy or beam search, text greedy or sampling; a run's
     top_k/top_p go unused with temperature 0 (configs/lm_kjv.py has top_k=40)."""
     from train.config.sections import DecodeOptions
+    from train.program.inference import text_strategy, translation_strategy
 
     options = DecodeOptions(max_len=16, beam_size=1, length_penalty=1.0, top_k=40, top_p=0.9)
-    assert options.translation_strategy() == Greedy()
-    assert options.text_strategy() == Greedy()
+    assert translation_strategy(options) == Greedy()
+    assert text_strategy(options) == Greedy()
     wide = dataclasses.replace(options, beam_size=4)
-    assert wide.translation_strategy() == Beam(4, 1.0)
+    assert translation_strategy(wide) == Beam(4, 1.0)
     hot = dataclasses.replace(options, temperature=0.8)
-    assert hot.text_strategy() == Sample(0.8, 40, 0.9)
-    assert hot.translation_strategy() == Greedy()  # translation never samples
+    assert text_strategy(hot) == Sample(0.8, 40, 0.9)
+    assert translation_strategy(hot) == Greedy()  # translation never samples
     with pytest.raises(ValueError, match=r"top_p=1.5: must be in \(0, 1\]"):
         dataclasses.replace(hot, top_p=1.5)  # the options check themselves when replaced

@@ -40,7 +40,7 @@ from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.dataset import Dataset, Processes
 from train.data.input_pipeline import open_dataset
 from train.data.tokenizers import vocabulary
-from train.program import finetune, steps, weights
+from train.program import finetune, optim, steps, weights
 from train.program.metrics import (
     STEPS_IN_FLIGHT,
     MetricsWriter,
@@ -149,13 +149,13 @@ def build_program(
     """
     run = experiment.run
     model = task.make_model(dataclasses.replace(experiment.model, vocab_size=vocab_size))
-    schedule = experiment.schedule.build()
+    schedule = optim.make_schedule(experiment.schedule)
     labels = (
         finetune.param_labels(experiment.optimizer, experiment.model)
         if experiment.data.init_from
         else None
     )
-    tx = experiment.optimizer.build(schedule, labels)
+    tx = optim.make_optimizer(experiment.optimizer, schedule, labels)
     accum = experiment.optimizer.grad_accum_steps
     shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(

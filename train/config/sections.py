@@ -6,8 +6,8 @@ once, at the top of a run, into one frozen section per job:
 
     data       DataConfig            corpus, split, tokenizer, lengths, packing, batch sizes
     model      TransformerConfig     `config.model` + vocab_size, max_len and pad_id
-    optimizer  OptimizerConfig       Adam(W), clipping, gradient accumulation: `build(schedule)`
-    schedule   ScheduleConfig        the learning rate over updates: `build()`
+    optimizer  OptimizerConfig       Adam(W), clipping, gradient accumulation, fine-tuning groups
+    schedule   ScheduleConfig        the learning rate over updates
     step       StepConfig            the train step's loss and input noise
     eval       EvalConfig            validation, BLEU and samples; `decode` is a DecodeOptions
     run        RunConfig             how long, how often, where: seed, PRNG, mesh, checkpoints
@@ -19,6 +19,10 @@ by `validate_config`, above the registry. The corpora come from their table
 (`train.data.corpora`), a leaf that imports nothing of the program, so that the tasks and the
 decoding may read the sections without a circle. Every function of the program receives the
 section it reads, never the whole config.
+
+The sections are data: what is built from them lives in `train/program/` (the schedule and
+the optax optimizer in `train.program.optim`, the decoding strategies in
+`train.program.inference`).
 """
 
 from __future__ import annotations
@@ -28,11 +32,9 @@ import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-import jax.numpy as jnp
 import ml_collections
-import optax
 
-from flax_transformer import Beam, Greedy, Sample, TransformerConfig
+from flax_transformer import TransformerConfig
 from train.data import corpora
 from train.data.corpora.files import TEXT_DOCUMENTS
 
@@ -342,7 +344,7 @@ class ScheduleConfig:
     """The learning rate as a function of the optimizer update count.
 
     Attributes:
-        schedule: 'rsqrt', 'cosine' or 'constant' (see `build`).
+        schedule: 'rsqrt', 'cosine' or 'constant' (`train.program.optim.make_schedule`).
         learning_rate: the peak rate, reached at the end of warm-up.
         warmup_steps: linear warm-up, in updates.
         num_updates: updates in the whole run (`num_train_steps // grad_accum_steps`, at least
@@ -383,45 +385,11 @@ class ScheduleConfig:
                 "model unchanged)",
             )
 
-    def build(self) -> optax.Schedule:
-        """Learning rate as a function of the optimizer update count (from 0).
-
-        - 'rsqrt' (Vaswani et al. 2017, eq. 3, with the peak as a parameter): linear warm-up
-          to `learning_rate` over `warmup_steps`, then `learning_rate * sqrt(warmup_steps / t)`.
-          The paper's `d_model**-0.5 * min(t**-0.5, t * warmup**-1.5)` is this schedule with
-          `learning_rate = (d_model * warmup_steps) ** -0.5`.
-        - 'cosine': linear warm-up, then cosine decay to 0 at the last update.
-        - 'constant': linear warm-up, then constant.
-        The first update (count 0) already gets `learning_rate / warmup_steps`, not 0.
-
-        Returns:
-            An optax schedule (update count -> learning rate).
-        """
-        peak, warmup, kind, total = (
-            self.learning_rate,
-            self.warmup_steps,
-            self.schedule,
-            self.num_updates,
-        )
-
-        def schedule(count):
-            t = jnp.asarray(count, jnp.float32) + 1.0  # the update being made, from 1
-            warm = jnp.minimum(t / warmup, 1.0) if warmup else 1.0
-            if kind == "constant":
-                return peak * warm
-            if kind == "cosine":
-                progress = jnp.clip((t - warmup) / max(total - warmup, 1), 0.0, 1.0)
-                return peak * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-            decay = jnp.sqrt(max(warmup, 1) / jnp.maximum(t, max(warmup, 1)))
-            return peak * warm * decay
-
-        return schedule
-
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(_ReadByName):
     """Global-norm clipping, then Adam or AdamW; gradient accumulation; for fine-tuning,
-    parameter groups frozen or trained at a lower rate (`build`).
+    parameter groups frozen or trained at a lower rate (`train.program.optim.make_optimizer`).
 
     Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
     take effect with `--config.init_from` (`train.program.finetune` gives each parameter its group).
@@ -447,56 +415,6 @@ class OptimizerConfig(_ReadByName):
                 self.pretrained_lr_scale,
                 "must be in [0, 1]: the pretrained parameters' share of the learning rate",
             )
-
-    def _adam(self, schedule: optax.Schedule) -> optax.GradientTransformation:
-        if self.optimizer == "adamw":
-            return optax.adamw(
-                schedule, b1=self.b1, b2=self.b2, eps=self.eps, weight_decay=self.weight_decay
-            )
-        return optax.adam(schedule, b1=self.b1, b2=self.b2, eps=self.eps)
-
-    def build(
-        self, schedule: optax.Schedule, param_labels: Any = None
-    ) -> optax.GradientTransformation:
-        """The optax transformation on `schedule` (`ScheduleConfig.build`).
-
-        With `grad_accum_steps = k > 1`, `optax.MultiSteps` averages k micro-batch gradients
-        and updates the parameters on every k-th call (the schedule counts updates, not calls).
-
-        Args:
-            schedule: the learning rate over updates.
-            param_labels: None (every parameter trains at `schedule`), or a callable from
-                the parameters to a tree of labels (`train.program.finetune.param_labels`): 'train'
-                at the full rate, 'pretrained' at `pretrained_lr_scale` of it, 'frozen' not
-                updated and holding no optimizer state (`optax.multi_transform`). Frozen
-                gradients are zeroed before clipping, so they do not count in its norm.
-        """
-        if param_labels is None:
-            opt = self._adam(schedule)
-            if self.grad_clip_norm:
-                opt = optax.chain(optax.clip_by_global_norm(self.grad_clip_norm), opt)
-        else:
-            scale = self.pretrained_lr_scale
-            groups = {
-                "train": self._adam(schedule),
-                "pretrained": self._adam(lambda count: scale * schedule(count)),
-                "frozen": optax.set_to_zero(),
-            }
-            zero_frozen = optax.multi_transform(
-                {
-                    "train": optax.identity(),
-                    "pretrained": optax.identity(),
-                    "frozen": optax.set_to_zero(),
-                },
-                param_labels,
-            )
-            parts = [zero_frozen]
-            if self.grad_clip_norm:
-                parts.append(optax.clip_by_global_norm(self.grad_clip_norm))
-            opt = optax.chain(*parts, optax.multi_transform(groups, param_labels))
-        if self.grad_accum_steps > 1:
-            opt = optax.MultiSteps(opt, every_k_schedule=self.grad_accum_steps)
-        return opt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -616,19 +534,6 @@ class DecodeOptions:
             raise DecodeOptionError(
                 "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
             )
-
-    def translation_strategy(self) -> Greedy | Beam:
-        """Beam search when beam_size > 1, else greedy decoding (translation never samples)."""
-        if self.beam_size > 1:
-            return Beam(self.beam_size, self.length_penalty)
-        return Greedy()
-
-    def text_strategy(self) -> Greedy | Sample:
-        """Sampling when temperature > 0, filtered by top_k and top_p; else greedy decoding,
-        which has nothing for top_k/top_p to filter, so the run's values go unused."""
-        if self.temperature > 0:
-            return Sample(self.temperature, self.top_k, self.top_p)
-        return Greedy()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,2 +1,2 @@
-"""What the run computes: the tasks, the jitted steps, metrics, decoding, fine-tuning and
-pretrained weights."""
+"""What the run computes, built from the config's sections: the tasks, the optimizer, the
+jitted steps, metrics, decoding, fine-tuning and pretrained weights."""

@@ -4,9 +4,9 @@ Both go through `flax_transformer.generate_translation` and `generate_text` (KV-
 decoding; greedy unless the options ask for beams or sampling). What they read of the
 experiment config travels as one frozen `train.config.sections.DecodeOptions` (the eval section's
 `decode`); a command-line flag changes a copy (`dataclasses.replace`), never the config. The
-options turn into one decoding strategy (`Greedy`, `Sample` or `Beam`) where they are used.
-The scores of decoded text live here too: BLEU and chrF (sacrebleu) and the share of outputs
-that loop.
+options turn into one decoding strategy (`Greedy`, `Sample` or `Beam`) here, beside the
+decoding they drive: `translation_strategy`, `text_strategy`. The scores of decoded text
+live here too: BLEU and chrF (sacrebleu) and the share of outputs that loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from flax_transformer import Sample, generate_text, generate_translation
+from flax_transformer import Beam, Greedy, Sample, generate_text, generate_translation
 from train.config.sections import DecodeOptions, EvalConfig
 from train.data.batching import default_bucket_lengths
 from train.data.tokenizer import Tokenizer
@@ -40,6 +40,22 @@ def _pad_rows(rows: list[list[int]], num_rows: int, length: int, pad_id: int) ->
     for i, row in enumerate(rows):
         out[i, : len(row)] = row
     return out
+
+
+def translation_strategy(options: DecodeOptions) -> Greedy | Beam:
+    """Beam search when `options.beam_size` > 1, else greedy decoding (translation never
+    samples)."""
+    if options.beam_size > 1:
+        return Beam(options.beam_size, options.length_penalty)
+    return Greedy()
+
+
+def text_strategy(options: DecodeOptions) -> Greedy | Sample:
+    """Sampling when `options.temperature` > 0, filtered by top_k and top_p; else greedy
+    decoding, which has nothing for top_k/top_p to filter, so the run's values go unused."""
+    if options.temperature > 0:
+        return Sample(options.temperature, options.top_k, options.top_p)
+    return Greedy()
 
 
 def translate(
@@ -90,7 +106,7 @@ def translate(
             bos_id=tokenizer.bos_id,
             eos_id=tokenizer.eos_id,
             max_new_tokens=max_new,
-            strategy=options.translation_strategy(),
+            strategy=translation_strategy(options),
         )
         generated = np.asarray(jax.device_get(generated))
         for row, index in enumerate(chunk):
@@ -166,7 +182,7 @@ def sample_text(
                 "continued by %d, not %d.", index, len(rows[index]) - 1, budget,
                 options.max_len, budget, asked,
             )  # fmt: skip
-    strategy = options.text_strategy()
+    strategy = text_strategy(options)
     if not isinstance(strategy, Sample):
         rng = None  # greedy decoding draws nothing
     elif rng is None:

@@ -365,7 +365,7 @@ class TranslationTask(Task):
             beams[decode.beam_size] = "--config.beam_size"
         for size, field in beams.items():
             inference.check_strategy(
-                dataclasses.replace(decode, beam_size=size).translation_strategy(),
+                inference.translation_strategy(dataclasses.replace(decode, beam_size=size)),
                 vocab_size=tokenizer.vocab_size,
                 max_new_tokens=decode.max_decode_len or decode.max_len - 1,
                 fields=f"{field}={size} with --config.length_penalty={decode.length_penalty}",
@@ -469,7 +469,7 @@ class LanguageModelTask(Task):
                     decode.max_decode_len, prompt, length - 1, budget, decode.max_len, budget,
                 )  # fmt: skip
         inference.check_strategy(
-            decode.text_strategy(),
+            inference.text_strategy(decode),
             vocab_size=tokenizer.vocab_size,
             max_new_tokens=max(budgets),
             fields=f"--config.top_k={decode.top_k} (vocabulary {tokenizer.vocab_size})",
