@@ -14,6 +14,7 @@ import dataclasses
 import logging
 
 from train.config.sections import DataConfig
+from train.data import corpora
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.dataset import ONE_PROCESS, Dataset, Processes
 from train.data.in_memory import build_dataset
@@ -74,7 +75,8 @@ def open_dataset(
 
 
 def run_data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfig:
-    """The data section a run reads: a text language model given no `store_dir` reads a
+    """The data section a run reads: a language model of files (a corpus whose entry has
+    `store_files`, `--config.corpus=text`) given no `store_dir` reads a
     token store under its work directory (`RunDir.token_store`, prepared on first use), so
     its memory stays flat in corpus size.
 
@@ -86,7 +88,8 @@ def run_data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfi
     data_fingerprint.json holds example counts, not a store's token counts): such a run goes
     on with the batches it began with.
     """
-    if data.store_dir or data.task != "lm" or data.corpus != "text" or data.text_in_memory:
+    reads_at_scale = corpora.get_corpus(data.corpus).store_files  # files of any size
+    if data.store_dir or data.task != "lm" or not reads_at_scale or data.text_in_memory:
         return data
     if resuming and run.data_fingerprint.exists():
         recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")
