@@ -305,10 +305,10 @@ def test_translation_valid_and_test_paths_are_tsv(tmp_path):
 def test_translation_collapses_by_default_and_may_keep_text(tmp_path):
     path = tmp_path / "pairs.tsv"
     path.write_text("a  b\tA  B\n" * 30 + "c\tC\n" * 30, encoding="utf-8")
-    examples = in_memory.load_examples(DataConfig.from_config(tiny_config(path)))
+    examples = splits.load_examples(DataConfig.from_config(tiny_config(path)))
     assert ("a b", "A B") in examples
     verbatim = tiny_config(path, collapse_whitespace=False)
-    assert ("a  b", "A  B") in in_memory.load_examples(DataConfig.from_config(verbatim))
+    assert ("a  b", "A  B") in splits.load_examples(DataConfig.from_config(verbatim))
 
 
 def test_a_store_records_its_own_files_and_refuses_others(tmp_path):

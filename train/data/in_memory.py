@@ -1,7 +1,7 @@
 """A corpus read in memory, to batches: load -> split -> tokenize -> filter -> batch.
 
-The corpora live in their table (`train.data.corpora`), the tokenizer comes from the one
-factory (`train.data.tokenizers`), what an example is made of from the run's
+The corpus and its split come from the corpus table (`train.data.corpora`), the tokenizer
+from the one factory (`train.data.tokenizers`), what an example is made of from the run's
 `train.program.tasks` Task, and how examples become batches from the run's
 `train.data.packing` packer; `build_dataset` wires them as the data section says and checks
 the ids that enter the program. The training batches are an `EpochStream`: every epoch
@@ -21,9 +21,8 @@ import numpy as np
 
 from flax_transformer.checks.tokens import check_token_range
 from train.config.sections import DataConfig
-from train.data import corpora
 from train.data.batching import WHOLE_BATCH, RowShare, filter_by_length
-from train.data.corpora.splits import split_examples
+from train.data.corpora.splits import read_splits
 from train.data.dataset import ONE_PROCESS, Dataset, Processes
 from train.data.epoch_stream import EpochStream
 from train.data.packing import Packer, get_packer
@@ -81,33 +80,6 @@ class _Examples:
             "test": self.num_test,
             "dropped_too_long": self.dropped,
         }
-
-
-def load_examples(data: DataConfig) -> list:
-    """The whole corpus the data section names, read by its entry in the corpus table
-    (`train.data.corpora`): (source, target) pairs or text documents, whitespace-normalised
-    or verbatim as `data.collapses_whitespace` says (the shipped parallel Bibles are always
-    normalised: their markup removal leaves runs of spaces).
-
-    Raises:
-        CorpusNotFoundError: a corpus package is not installed.
-        FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
-    """
-    return corpora.get_corpus(data.corpus).read(data)
-
-
-def load_file_examples(data: DataConfig, path: str) -> list:
-    """The examples of the user's own validation or test file (`valid_path`, `test_path`),
-    read by the corpus's own reader where it reads files, else as the task's own kind of
-    file (`Task.file_corpus`: TSV pairs, or text documents), with the corpus's settings.
-
-    Raises:
-        FileNotFoundError, ValueError: the file is missing, unreadable or malformed.
-    """
-    corpus = data.corpus
-    if not corpora.get_corpus(corpus).reads_files:
-        corpus = get_task(data.task).file_corpus
-    return load_examples(dataclasses.replace(data, corpus=corpus, corpus_path=path))
 
 
 def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, int | str]:
@@ -192,7 +164,7 @@ def build_dataset(
     """
     task, packer = get_task(data.task), get_packer(data.packing)
     packer.check(data, num_devices, share)
-    texts = _split(data, load_examples(data))
+    texts = _split(data, task)
     tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes)
     ids = _with_copies(data.copied_targets, seed, _tokenize(task, tokenizer, texts))
     if packer.whole_examples:
@@ -230,24 +202,21 @@ def _shared_tokenizer(
     return tokenizer
 
 
-def _split(data: DataConfig, examples: list) -> _Examples:
-    """The corpus's train, validation and test examples, as text: held out by hash, or
-    read from the user's own files (`valid_path`, `test_path`).
+def _split(data: DataConfig, task: Task) -> _Examples:
+    """The corpus's train, validation and test examples, as text (`read_splits`: held out
+    by hash, or read from the user's own files).
 
     Raises:
         ValueError: the train or the validation split is empty.
     """
-    splits = split_examples(examples, *data.hash_fractions)
-    valid = load_file_examples(data, data.valid_path) if data.valid_path else splits.valid
-    num_test = len(load_file_examples(data, data.test_path)) if data.test_path else None
-    if not splits.train or not valid:
+    splits = read_splits(data, task.file_corpus)
+    if not splits.train or not splits.valid:
         raise ValueError(
-            f"The corpus split into {len(splits.train)} train and {len(valid)} "
+            f"The corpus split into {len(splits.train)} train and {len(splits.valid)} "
             f"validation examples; both must be non-empty: use a larger corpus or raise "
             f"--config.valid_fraction={data.valid_fraction}."
         )
-    num_test = len(splits.test) if num_test is None else num_test
-    return _Examples(splits.train, [], valid, list(valid), num_test)
+    return _Examples(splits.train, [], splits.valid, list(splits.valid), len(splits.test))
 
 
 def _tokenize(task: Task, tokenizer: Tokenizer, texts: _Examples) -> _Examples:

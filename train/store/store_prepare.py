@@ -291,17 +291,22 @@ def prepare_plan_and_tokenizer(
     Raises:
         as `prepare_store`.
     """
+    settings = store_settings(data, vocabulary)
+    return _plan_and_tokenizer(data, vocabulary, settings, _workers(data, workers))
+
+
+def _plan_and_tokenizer(data, vocabulary: Vocabulary, settings: dict, workers: int):
     store_dir = pathlib.Path(data.store_dir)
     shards = plan_shards(data)
     plan = {
         "format": STORE_FORMAT,
-        "settings": store_settings(data, vocabulary),
+        "settings": settings,
         "sources": [dataclasses.asdict(s) for s in shards],
     }
     try:
         (store_dir / SHARDS).mkdir(parents=True, exist_ok=True)
         _check_plan(store_dir, plan)
-        _ensure_tokenizer(store_dir, shards, data, vocabulary, _workers(data, workers))
+        _ensure_tokenizer(store_dir, shards, data, vocabulary, workers)
     except OSError as err:
         raise StoreWriteError(
             f"could not write the token store {store_dir} ({err}) ; fix the cause and rerun."
@@ -347,7 +352,7 @@ def prepare_store(
     if (store_dir / MANIFEST).is_file():
         return TokenStore.open(store_dir, settings)
     workers = _workers(data, workers)
-    sources = prepare_plan_and_tokenizer(data, vocabulary, workers=workers)
+    sources = _plan_and_tokenizer(data, vocabulary, settings, workers)
     mine = [i for i in range(len(sources)) if i % count == index]
     _remove_stale(store_dir, mine)
     todo = [i for i in mine if not (store_dir / SHARDS / shard_name(i) / SHARD_META).is_file()]

@@ -10,7 +10,7 @@ tuple: how the examples are read, which tasks they feed, which data fields they 
 whether a token store can hold them. Everything that names corpora derives from this table:
 the config's choices (`train.config.sections.DataConfig`), each task's corpora
 (`train.program.tasks.Task.corpora`), the in-memory reader
-(`train.data.in_memory.load_examples`) and the token store's inputs
+(`train.data.corpora.splits.read_splits`) and the token store's inputs
 (`train.store.store_inputs.plan_shards`). A new corpus format is a reader module with its
 entry, and its module's name in `READERS` below; nothing else changes.
 """

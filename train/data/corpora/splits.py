@@ -1,11 +1,16 @@
-"""The split of a corpus into train / validation / test by a hash of each example's text
-(`split_examples`): the same for the in-memory path and the token store's documents."""
+"""A corpus's examples per split (`read_splits`: read by their entries in the corpus table,
+then held out by a hash of each example's text, `split_examples`, or read from the user's
+own validation and test files). The hash rule is the same for the in-memory path and the
+token store's documents."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from train.data.corpora import get_corpus
 
 # Split rule: an example's key hashed with BLAKE2b to 8 bytes, read as a fraction in [0, 1).
 _SPLIT_HASH_BYTES = 8
@@ -67,4 +72,45 @@ def split_examples(examples: Sequence, valid_fraction: float, test_fraction: flo
             splits.test.append(example)
         else:
             splits.train.append(example)
+    return splits
+
+
+def load_examples(data) -> list:
+    """The whole corpus the data section names, read by its entry in the corpus table:
+    (source, target) pairs or text documents, whitespace-normalised or verbatim as
+    `data.collapses_whitespace` says (the shipped parallel Bibles are always normalised:
+    their markup removal leaves runs of spaces).
+
+    Args:
+        data: the data section (`train.config.sections.DataConfig`).
+
+    Raises:
+        CorpusNotFoundError: a corpus package is not installed.
+        FileNotFoundError, ValueError: a user file is missing, unreadable or malformed.
+    """
+    return get_corpus(data.corpus).read(data)
+
+
+def read_splits(data, file_corpus: str) -> Splits:
+    """The data section's examples per split, as text: the corpus held out by hash
+    (`data.hash_fractions`), and the user's own validation and test files (`valid_path`,
+    `test_path`) read by the corpus's own reader where it reads files, else as
+    `file_corpus` (the task's kind of file: TSV pairs, or text documents), with the
+    corpus's settings.
+
+    Args:
+        data: the data section (`train.config.sections.DataConfig`).
+        file_corpus: the corpus a task's own files are read as (`Task.file_corpus`).
+
+    Raises:
+        CorpusNotFoundError, FileNotFoundError, ValueError: as `load_examples`.
+    """
+    splits = split_examples(load_examples(data), *data.hash_fractions)
+    if not get_corpus(data.corpus).reads_files:
+        data = dataclasses.replace(data, corpus=file_corpus)
+    for name, path in (("valid", data.valid_path), ("test", data.test_path)):
+        if path:
+            splits = splits._replace(
+                **{name: load_examples(dataclasses.replace(data, corpus_path=path))}
+            )
     return splits
