@@ -260,7 +260,8 @@ def _open(browser, path):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda err: errors.append(str(err)))
     page.goto(path.as_uri())
-    page.wait_for_function("window.__explorer && window.__explorer.ready", timeout=10_000)
+    # A bound for a page that never gets ready, not a wait: it returns once the page is.
+    page.wait_for_function("window.__explorer && window.__explorer.ready", timeout=60_000)
     return page, errors
 
 
