@@ -3,15 +3,18 @@
 Layers of the package (imports point down only: a module imports only from those below it):
   interop     weights in from torch.nn.Transformer, Hugging Face GPT-2 and Llama, out to
               GPT-2 and Llama (torch optional); builds the models below
-  models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
   decoding    KV-cache generation: generate_translation, generate_text, and the strategies
-              Greedy, Sample, Beam
+              Greedy, Sample, Beam (drives the model it is given through the cache)
+  models      Transformer (encoder-decoder), DecoderOnlyTransformer (GPT-style LM)
+  cache       the KV cache pytree the models read and write (init_cache, check_cache_room,
+              select_rows); decoding builds its loops on it
   blocks      EncoderLayer, DecoderLayer, Encoder, Decoder
   layers      LayerNorm, RMSNorm, MultiHeadAttention, FeedForward, Embed, PositionalEncoding
   functional  pure jnp formulas: attention, masks, norms, positions (incl. RoPE), feed-forward
   config      TransformerConfig, LayerConfig (the fields one encoder/decoder layer reads)
   checks      every input check, one home (arguments, traced and `checked`, tokens,
-              generation); its `arguments` and `traced` import jax only, under functional
+              generation); the ground floor: it imports nothing else of the library, and
+              only `generation` imports flax, so functional may use the rest
 Beside them: axes (logical axis names, imported by layers and blocks), sharding (meshes, the
 rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
 them) and lora

@@ -1,14 +1,14 @@
 """The full models: encoder-decoder `Transformer` and GPT-style `DecoderOnlyTransformer`.
 
 Both models also run incrementally for generation, over a KV cache that is an explicit
-pytree passed in and returned (as Gemma does; `flax_transformer.decoding.cache` defines it,
+pytree passed in and returned (as Gemma does; `flax_transformer.cache` defines it,
 `init_cache` builds it). `extend(tokens (B, T), cache, lengths_B=...)` runs T new tokens per
 sequence in one pass (a whole prompt: parallel prefill; or one token: a decoding step),
 writes their keys/values at slots `index[b] + t`, and advances `index[b]` by `lengths[b]`
 (default T). Sequence b's token at slot j sits at position j, so right-padded prompts of
 different lengths share one cache: the padding slots past `lengths[b]` are overwritten by
 the next tokens and never attended to. New tokens that would not fit in the cache raise
-a ValueError where the cache index is concrete (`decoding.cache.check_cache_room`); under
+a ValueError where the cache index is concrete (`cache.check_cache_room`); under
 `jit` the row's logits are NaN instead, or, with `config.debug_checks`, a checkify check
 raises (`flax_transformer.checked`).
 
@@ -29,13 +29,38 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer.blocks import Decoder, Encoder
+from flax_transformer.cache import cache_length, check_cache_kind, check_cache_room
 from flax_transformer.checks.arguments import as_array, is_concrete
 from flax_transformer.checks.tokens import check_packing, check_segment_ids, check_tokens
 from flax_transformer.checks.traced import runtime_check
 from flax_transformer.config import TransformerConfig
-from flax_transformer.decoding.cache import cache_length, check_cache_kind, check_cache_room
 from flax_transformer.functional.masks import cross_attention_mask, self_attention_mask
+from flax_transformer.functional.positions import segment_positions
 from flax_transformer.layers import Embed
+
+
+def _packed_positions(
+    tokens_BT: jax.Array,
+    segment_ids_BT: jax.Array | None,
+    positions_BT: jax.Array | None,
+    config: TransformerConfig,
+    names: tuple[str, str, str],
+) -> jax.Array | None:
+    """Check a packed row's segment ids and positions (`checks.tokens.check_packing`) and
+    return the positions to use: the given ones, else `segment_positions(segment_ids_BT)`
+    when the row is packed, else None (the stack numbers 0..T-1)."""
+    check_packing(
+        tokens_BT,
+        segment_ids_BT,
+        positions_BT,
+        config.max_len,
+        config.pad_id,
+        names,
+        debug_checks=config.debug_checks,
+    )
+    if positions_BT is None and segment_ids_BT is not None:
+        return segment_positions(segment_ids_BT)
+    return positions_BT
 
 
 def _extend_decoder(
@@ -140,15 +165,7 @@ class Transformer(nn.Module):
             src_BS, cfg.vocab_size, cfg.max_len, "src_tokens", debug_checks=checks
         )
         names = ("src_tokens", "src_segment_ids", "src_positions")
-        positions_BS = check_packing(
-            src_BS,
-            segment_ids_BS,
-            positions_BS,
-            cfg.max_len,
-            cfg.pad_id,
-            names,
-            debug_checks=checks,
-        )
+        positions_BS = _packed_positions(src_BS, segment_ids_BS, positions_BS, cfg, names)
         encoded = self.encoder(
             src_BS,
             self_attention_mask(src_BS, cfg.pad_id, False, segment_ids_BS),
@@ -183,15 +200,7 @@ class Transformer(nn.Module):
         chex.assert_rank(encoded_BSD, 3)
         chex.assert_equal_shape_prefix([encoded_BSD, src_BS], 2)
         names = ("tgt_tokens", "tgt_segment_ids", "tgt_positions")
-        positions_BT = check_packing(
-            tgt_BT,
-            tgt_segment_ids_BT,
-            tgt_positions_BT,
-            cfg.max_len,
-            cfg.pad_id,
-            names,
-            debug_checks=checks,
-        )
+        positions_BT = _packed_positions(tgt_BT, tgt_segment_ids_BT, tgt_positions_BT, cfg, names)
         cross_mask = cross_attention_mask(
             src_BS, cfg.pad_id, src_segment_ids_BS, tgt_segment_ids_BT
         )
@@ -277,7 +286,7 @@ class Transformer(nn.Module):
 
         Raises:
           ValueError: the prompt does not fit in the cache (checked before the encoder runs,
-            where the cache index is concrete; see `decoding.cache.check_cache_room` for
+            where the cache index is concrete; see `cache.check_cache_room` for
             what happens under `jit`).
         """
         cfg = self.config
@@ -360,15 +369,7 @@ class DecoderOnlyTransformer(nn.Module):
             tokens_BT, cfg.vocab_size, cfg.max_len, "tokens", debug_checks=checks
         )
         names = ("tokens", "segment_ids", "positions")
-        positions_BT = check_packing(
-            tokens_BT,
-            segment_ids_BT,
-            positions_BT,
-            cfg.max_len,
-            cfg.pad_id,
-            names,
-            debug_checks=checks,
-        )
+        positions_BT = _packed_positions(tokens_BT, segment_ids_BT, positions_BT, cfg, names)
         logits = self.decoder(
             tokens_BT,
             None,

@@ -26,6 +26,7 @@ from flax_transformer import (
     generate_text,
     generate_translation,
 )
+from flax_transformer.cache import move_rows
 from flax_transformer.decoding import (
     MASKED_LOGIT,
     TokenByToken,
@@ -39,7 +40,6 @@ from flax_transformer.decoding import (
     top_p_mask,
 )
 from flax_transformer.decoding import generate as generate_module
-from flax_transformer.decoding.cache import move_rows
 from flax_transformer.decoding.steppers import text_stepper, translation_stepper
 
 PAD, BOS, V = 0, 1, 23

@@ -38,6 +38,8 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 WEIGHT_TOLERANCE = 1e-6  # largest gap allowed between sown and drawn weights
+# The trained default run's page (docs/explorer.md): the template filled with its data.
+DOCS_PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "explorer_default.html"
 # A title that would end the page's <script> early if the JSON were not escaped.
 HOSTILE_TITLE = "</script><script>throw new Error('escaped')</script> 神"
 
@@ -186,6 +188,56 @@ def test_visualize_writes_html(tmp_path, monkeypatch, capsys):
     assert re.search(r"wrote .*page\.html \(\d+ KiB; .* took [\d.]+ s\)", capsys.readouterr().out)
 
 
+def test_the_docs_page_is_the_current_template_filled_with_its_data(tmp_path):
+    """docs/explorer_default.html is generated, not a second copy of the template: the page
+    equals the current train/tools/explorer.html filled (by `write_explorer_html`) with the
+    data it carries, byte for byte. The data itself comes from the trained default run; after
+    a change of the template, `refill_page` writes the page again around it."""
+    page = DOCS_PAGE.read_text("utf-8")
+    copy = tmp_path / "page.html"
+    copy.write_text(page, "utf-8")
+    fresh = explorer.refill_page(copy).read_text("utf-8")
+    lines, fresh_lines = page.splitlines(), fresh.splitlines()
+    differ = [i + 1 for i, (a, b) in enumerate(zip(lines, fresh_lines, strict=False)) if a != b]
+    same = page == fresh  # not compared in the assert: pytest would diff a 290 KB line
+    assert same, (
+        "docs/explorer_default.html is not the current template filled with its data (lines "
+        f'{differ[:5] or "past the end"} differ): write it again with python -c "from '
+        "train.tools.explorer import refill_page; refill_page('docs/explorer_default.html')\""
+    )
+
+
+def _schema(value):
+    """A payload's shape without its numbers: dict keys, list nesting, leaf types."""
+    if isinstance(value, dict):
+        return {key: _schema(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_schema(value[0])] if value else []
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    return "number" if isinstance(value, int | float) else type(value).__name__
+
+
+def test_the_docs_pages_data_has_the_shape_the_template_reads():
+    """The docs page's data (from a trained run, not recomputed here) has the keys and the
+    nesting a fresh payload has, and its attention maps fit its own tokens and heads."""
+    data = explorer.page_payload(DOCS_PAGE.read_text("utf-8"))
+    model, params, tok, src, tgt, _ = _translation()
+    assert _schema(data) == _schema(explorer.explorer_payload(model, params, tok, src, tgt))
+    sides = {name: len(side["ids"]) for name, side in data["sides"].items()}
+    for kind in data["attention"]:
+        want = (kind["layers"], data["model"]["num_heads"], sides[kind["queries"]])
+        assert np.shape(kind["weights"]) == (*want, sides[kind["keys"]]), kind["name"]
+
+
+def test_page_payload_refuses_a_page_without_data():
+    with pytest.raises(ValueError, match="no filled attention-data element"):
+        explorer.page_payload("<html></html>")
+    template = (pathlib.Path(explorer.__file__).parent / explorer.TEMPLATE_NAME).read_text()
+    with pytest.raises(ValueError, match="no filled attention-data element"):
+        explorer.page_payload(template)
+
+
 # ---- in the browser ----
 
 
@@ -208,7 +260,8 @@ def _open(browser, path):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda err: errors.append(str(err)))
     page.goto(path.as_uri())
-    page.wait_for_function("window.__explorer && window.__explorer.ready", timeout=10_000)
+    # A bound for a page that never gets ready, not a wait: it returns once the page is.
+    page.wait_for_function("window.__explorer && window.__explorer.ready", timeout=60_000)
     return page, errors
 
 

@@ -29,14 +29,25 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every run of the slow test is stopped after this long, whatever happens.
 RUN_TIMEOUT_S = 300
 STEPS, CHECKPOINT_EVERY, KILL_AT_STEP = 8, 4, 6
-# Runs train.main with a step callback that SIGKILLs process 1 after step KILL_AT_STEP.
+# Runs train.main with a step callback that SIGKILLs process 1 after step KILL_AT_STEP, once
+# checkpoint CHECKPOINT_EVERY is committed: it is written in the background (asynchronous
+# checkpoints), and on a busy machine the kill could otherwise come before the commit. The
+# deadline only turns a commit that never comes into a clear failure.
 _KILLING_MAIN = (
-    "import os, signal, sys\n"
+    "import os, signal, sys, time\n"
     "import jax\n"
     "from train import main, train_lib\n"
+    "from train.run.rundir import RunDir\n"
     "real = train_lib.train_and_evaluate\n"
+    "workdir = sys.argv[sys.argv.index('--workdir') + 1]\n"
+    f"committed = RunDir(workdir).checkpoints / '{CHECKPOINT_EVERY}'\n"
     "def kill(step):\n"
     f"    if step == {KILL_AT_STEP} and jax.process_index() == 1:\n"
+    "        deadline = time.monotonic() + 120\n"
+    "        while not committed.is_dir():\n"
+    "            if time.monotonic() > deadline:\n"
+    "                sys.exit(f'{committed} was not committed within 120 s')\n"
+    "            time.sleep(0.01)\n"
     "        os.kill(os.getpid(), signal.SIGKILL)\n"
     "train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=kill)\n"
     "sys.argv = ['train.main', *sys.argv[1:]]\n"
@@ -378,10 +389,40 @@ def test_two_processes_train_as_one_and_resume_after_a_kill(tmp_path):
 
 
 # Runs train.main with a step callback in which process 1 alone gets a SIGTERM after step
-# 5 (a preemption notice that reaches one host first).
-_TERMINATING_MAIN = _KILLING_MAIN.replace(
-    f"step == {KILL_AT_STEP} and jax.process_index() == 1", "step == 5 and jax.process_index() == 1"
-).replace("signal.SIGKILL", "signal.SIGTERM")
+# STOP_AT_STEP (a preemption notice that reaches one host first). The notice travels to the
+# other process through JAX's coordination service, where the processes agree on the step
+# to stop at: one past the newest step any of them had passed to
+# `reached_preemption_sync_point` when its sync protocol published that step (xla/tsl
+# preemption_sync_manager.cc; the step stays frozen until they agree). How long the notice
+# takes is the machine's business (the runtime's SIGTERM listener alone looks once a
+# second), and on a busy machine the run once reached its last step first. So both
+# processes wait in the callback of STOP_AT_STEP, before the loop asks for the sync point,
+# until every process's protocol has published its step: each published STOP_AT_STEP - 1,
+# so they agree on STOP_AT_STEP whatever the timing. The key directory is JAX's own; the
+# deadline only turns a change of it into a clear failure.
+STOP_AT_STEP = 5
+_TERMINATING_MAIN = (
+    "import os, signal, sys, time\n"
+    "import jax\n"
+    "from jax._src import distributed as jax_distributed\n"
+    "from train import main, train_lib\n"
+    "real = train_lib.train_and_evaluate\n"
+    "def terminate(step):\n"
+    f"    if step != {STOP_AT_STEP}:\n"
+    "        return\n"
+    "    if jax.process_index() == 1:\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "    client = jax_distributed.global_state.client\n"
+    "    published = lambda: client.key_value_dir_get('PREEMPTION_CURRENT_COUNTER/')\n"
+    "    deadline = time.monotonic() + 120\n"
+    "    while len(published()) < jax.process_count():\n"
+    "        if time.monotonic() > deadline:\n"
+    "            sys.exit('no preemption sync protocol published its step within 120 s')\n"
+    "        time.sleep(0.01)\n"
+    "train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=terminate)\n"
+    "sys.argv = ['train.main', *sys.argv[1:]]\n"
+    "main.run()\n"
+)
 
 
 @pytest.mark.slow
@@ -398,7 +439,7 @@ def test_a_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_finishes(
         launch_local.stop(processes)
     assert statuses == [143, 143], statuses
     saved = sorted(int(p.name) for p in RunDir(workdir).checkpoints.iterdir() if p.name.isdigit())
-    assert saved[0] == CHECKPOINT_EVERY and CHECKPOINT_EVERY < saved[-1] < STEPS, saved
+    assert saved == [CHECKPOINT_EVERY, STOP_AT_STEP], saved
     assert _run(2, 4, args) == 0
     assert json.loads((workdir / "results.json").read_text())["step"] == STEPS
 

@@ -164,12 +164,14 @@ def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
     assert RunDir(workdir).results.is_file()
 
 
+# Holds the lock of the folder argv[1] until the test closes its stdin or kills it (not for
+# a while: a busy machine could outlast any while).
 _HOLD_LOCK = (
-    "import sys, time\n"
+    "import sys\n"
     "from train.run.rundir import WorkdirLock\n"
     "with WorkdirLock(sys.argv[1]):\n"
     "    print('locked', flush=True)\n"
-    "    time.sleep(120)\n"
+    "    sys.stdin.read()\n"
 )
 
 
@@ -178,6 +180,7 @@ def test_second_run_on_a_locked_workdir_exits_naming_the_holder(tmp_path):
     workdir.mkdir()
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD_LOCK, str(workdir)],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -511,7 +514,11 @@ def test_visualize_on_a_locked_folder_and_on_a_missing_run(finished_run, tmp_pat
     out = tmp_path / "pictures"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True, cwd=REPO
+        [sys.executable, "-c", _HOLD_LOCK, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert holder.stdout.readline().strip() == "locked"

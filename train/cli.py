@@ -1,15 +1,19 @@
-"""What the command-line programs share: one-line errors, quiet library logs, and the
-experiment config flag (`--config FILE` and `--config.<field>=value` overrides, read by
-train.main and train.compile). The two kinds of failure and their exit statuses live in
-`train.run.failures`.
+"""What the command-line programs share: one-line errors, quiet library logs, jax on the CPU
+of a host without accelerators (`skip_absent_accelerators`, which train/__init__.py applies
+before a `python -m train.<command>` imports jax), and the experiment config flag
+(`--config FILE` and `--config.<field>=value` overrides, read by train.main and
+train.compile). The two kinds of failure and their exit statuses live in `train.run.failures`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import importlib.util
 import logging
 import os
 import pathlib
+import pkgutil
 import re
 import sys
 import tempfile
@@ -29,6 +33,18 @@ _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
 # The experiment config of a program run without --config.
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
+
+# How a host shows an accelerator to the plugin that drives it (paths under the root "/"):
+# TPU chips (libtpu) as /dev/accel* (v2-v4) or VFIO groups /dev/vfio/<n> (v5e and later),
+# and as PCI devices of Google's vendor id with a TPU device id (jax's hardware_utils list,
+# jax 0.10; a newer chip shows VFIO groups as well); NVIDIA GPUs (jax's CUDA plugins) as the
+# device files jax looks for (nvidia0, nvidiactl in containers, dxg under WSL2) or a loaded
+# driver; AMD GPUs (the ROCm plugins) as /dev/kfd.
+_TPU_DEVICE_FILES = ("dev/accel*", "dev/vfio/[0-9]*")
+_GOOGLE_PCI_VENDOR = "0x1ae0"
+_TPU_PCI_DEVICES = ("0x0027", "0x0056", "0x005e", "0x0062", "0x0063", "0x006f", "0x0076")
+_NVIDIA_DEVICE_FILES = ("dev/nvidia0", "dev/nvidiactl", "dev/dxg", "proc/driver/nvidia/version")
+_AMD_DEVICE_FILES = ("dev/kfd",)
 
 
 class _QuietLibraries(logging.Filter):
@@ -69,6 +85,77 @@ def quiet_library_logs() -> None:
     sys.unraisablehook = _unraisable_to_debug_log
     # The same writers' coroutines, dropped unawaited when the loop closed.
     warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+
+
+def skip_absent_accelerators(environ=None, root: str | os.PathLike = "/") -> bool:
+    """Sets JAX_PLATFORMS=cpu where no installed accelerator plugin has its hardware, before
+    jax is imported.
+
+    jax starts every accelerator plugin it finds, and with libtpu (requirements-tpu.txt) or
+    its CUDA plugin (requirements-gpu.txt) installed on a host without their chips, libtpu
+    prints six lines of warnings (no TPU metadata, no TPU_WORKER_HOSTNAMES) and the CUDA
+    plugin a traceback (no driver) before the program's first line, and both then fail.
+    Where that is all they can do, jax is told to start on the CPU alone. Nothing is set
+    where JAX_PLATFORMS is already set (to anything, '' included) or JAX_FORCE_TPU_INIT is,
+    where jax is already imported, where a plugin's hardware is visible (a TPU VM; a GPU
+    host, whose plugin jax must still find), or where a plugin this rule does not know is
+    installed.
+
+    Args:
+      environ: the environment to read and set (default `os.environ`).
+      root: the file system root the devices are looked for under (tests pass a fake one).
+
+    Returns:
+      Whether JAX_PLATFORMS was set.
+    """
+    environ = os.environ if environ is None else environ
+    if "JAX_PLATFORMS" in environ or "JAX_FORCE_TPU_INIT" in environ or "jax" in sys.modules:
+        return False
+    plugins = _accelerator_plugins()
+    root = pathlib.Path(root)
+    if not plugins or any(_hardware_visible(plugin, root) for plugin in plugins):
+        return False
+    environ["JAX_PLATFORMS"] = "cpu"
+    return True
+
+
+def _accelerator_plugins() -> set[str]:
+    """The accelerator plugins jax would start: libtpu, and the `jax_plugins` modules and
+    entry points (found without importing jax or them)."""
+    names = set()
+    if importlib.util.find_spec("libtpu") is not None:
+        names.add("libtpu")
+    spec = importlib.util.find_spec("jax_plugins")
+    if spec is not None and spec.submodule_search_locations:
+        names |= {m.name for m in pkgutil.iter_modules(spec.submodule_search_locations)}
+    names |= {point.name for point in importlib.metadata.entry_points(group="jax_plugins")}
+    return names
+
+
+def _hardware_visible(plugin: str, root: pathlib.Path) -> bool:
+    """Whether `root` shows the hardware of `plugin`; True for a plugin not known here."""
+    if plugin == "libtpu":
+        return _tpu_visible(root)
+    if re.fullmatch(r"xla_cuda\d*", plugin):
+        return any((root / path).exists() for path in _NVIDIA_DEVICE_FILES)
+    if re.fullmatch(r"xla_rocm\d*", plugin):
+        return any((root / path).exists() for path in _AMD_DEVICE_FILES)
+    return True
+
+
+def _tpu_visible(root: pathlib.Path) -> bool:
+    """Whether `root` shows a TPU chip: a device file, or a PCI device with a TPU's id."""
+    if any(next(root.glob(pattern), None) for pattern in _TPU_DEVICE_FILES):
+        return True
+    for vendor in root.glob("sys/bus/pci/devices/*/vendor"):
+        try:
+            if vendor.read_text().strip() != _GOOGLE_PCI_VENDOR:
+                continue
+            if (vendor.parent / "device").read_text().strip() in _TPU_PCI_DEVICES:
+                return True
+        except OSError:
+            return True  # unreadable: assume a chip, set nothing
+    return False
 
 
 @contextlib.contextmanager

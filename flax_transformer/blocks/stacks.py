@@ -7,7 +7,7 @@ is no pad id then, so padding is whatever the masks say: for a `(B, S)` bool `va
 `combine_masks(valid_BT[:, None, None, :], causal_mask(T))` a decoder's self-attention mask.
 
 For generation the decoder stack takes a KV cache in and returns it
-(`decoding.cache.init_decoder_cache` builds an empty one). Its tree mirrors the parameter
+(`cache.init_decoder_cache` builds an empty one). Its tree mirrors the parameter
 tree: `{'layers_0': ..., ...}` for an unrolled stack, `{'layers': ...}` with a leading
 `(num_layers,)` axis under `nn.scan`; each layer holds `{'self_attention': {'k', 'v'}}` and,
 with cross-attention, `{'cross_attention': {'k', 'v'}}`.
@@ -203,7 +203,7 @@ class Decoder(nn.Module):
           deterministic: False turns dropout on ('dropout' rng stream).
           positions_BT: positions of the inputs (default 0..T-1); with a cache, their slots.
             With `positional='rope'` the self-attention layers rotate by them.
-          cache: from `decoding.cache.init_decoder_cache`; the T inputs are written at slots
+          cache: from `cache.init_decoder_cache`; the T inputs are written at slots
             `cache_index + t`.
           cache_index: int `(B,)`, with a cache: each sequence's tokens so far.
 

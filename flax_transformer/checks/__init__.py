@@ -11,9 +11,10 @@ was expected and the fix, before any compute is spent (docs/api.md, "Errors").
   generation  the generation functions' inputs (lengths, eos_id, rng, logits_hook, prompt
               lengths) and `unbox_params`, the variables check `train/` shares
 
-`arguments` and `traced` import jax and numpy only, so that `functional` (which never
-imports flax) can use them; `tokens` imports `functional.positions`, `generation` flax.
-This package's `__init__` imports none of them. A strategy's own checks stay with it
-(`decoding.strategies`: `Strategy.check`, `check_strategy`); `TransformerConfig` checks its
-fields in `config`.
+The package is the library's ground floor: it imports nothing of the library but itself, so
+every other floor may use it (tests/test_layering.py holds it there). `arguments`, `traced`
+and `tokens` import jax and numpy only, so that `functional` (which never imports flax) can
+use them; `generation` imports flax. This package's `__init__` imports none of them. A
+strategy's own checks stay with it (`decoding.strategies`: `Strategy.check`,
+`check_strategy`); `TransformerConfig` checks its fields in `config`.
 """

@@ -4,7 +4,9 @@
 positions, with `check_segment_ids` for the ids' values) raise ValueError for bad inputs;
 `check_token_range` is the one id-range check, shared with `train/`'s data path. The masks
 the models build from the tokens are `functional.masks.self_attention_mask` and
-`cross_attention_mask`.
+`cross_attention_mask`, and the positions of packed rows `functional.segment_positions`:
+this module checks what it is given and builds nothing, so `checks` stays below
+`functional` (which uses its argument checks).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import numpy as np
 
 from flax_transformer.checks.arguments import as_array, is_concrete
 from flax_transformer.checks.traced import runtime_check
-from flax_transformer.functional.positions import segment_positions
 
 
 def check_tokens(
@@ -111,13 +112,13 @@ def check_packing(
     names: tuple[str, str, str],
     *,
     debug_checks: bool = False,
-) -> jax.Array | None:
-    """Check a packed row's segment ids and positions; return the positions to use.
+) -> None:
+    """ValueError unless a packed row's segment ids and positions are well formed.
 
     Segment ids must be int `(B, T)` like the tokens and follow `check_segment_ids`,
     positions int `(B|1, T)` in `[0, max_len)` (values checked for concrete arrays, and
-    under `jit` with `debug_checks`). Positions default to `segment_positions(segment_ids)`
-    when segment ids are given, else None (0..T-1).
+    under `jit` with `debug_checks`). Either may be None. (Where positions are None the
+    models default them: `segment_positions(segment_ids)` when packed, else 0..T-1.)
     """
     tokens_name, segments_name, positions_name = names
     for name, ids, batches in (
@@ -138,10 +139,8 @@ def check_packing(
             )
     if segment_ids_BT is not None:
         check_segment_ids(tokens_BT, segment_ids_BT, pad_id, names[:2], debug_checks=debug_checks)
-    if positions_BT is None:
-        return None if segment_ids_BT is None else segment_positions(segment_ids_BT)
-    check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
-    return positions_BT
+    if positions_BT is not None:
+        check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
 
 
 def check_segment_ids(

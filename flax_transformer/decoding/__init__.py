@@ -1,6 +1,7 @@
 """Generation for both models: KV cache, parallel prefill, greedy, sampling, beam search.
 
-cache      the KV cache pytree: `init_cache`, `select_rows`, `check_cache_room`
+cache      the KV cache pytree's old place: `init_cache`, `select_rows`, `check_cache_room`
+           are re-exported here from `flax_transformer.cache`, where the models own it
 sampling   pure logits filters: temperature, `top_k_mask`, `top_p_mask`, `choose_tokens`
 steppers   one step interface over both models, with or without the cache
 search     the loops: `sample_loop` (one token at a time), `beam_search`
@@ -9,7 +10,7 @@ strategies how tokens are chosen, as one hashable value that runs its loop: `Gre
 generate   the public entry points `generate_translation`, `generate_text`
 """
 
-from flax_transformer.decoding.cache import check_cache_room, init_cache, select_rows
+from flax_transformer.cache import check_cache_room, init_cache, select_rows
 from flax_transformer.decoding.generate import generate_text, generate_translation
 from flax_transformer.decoding.sampling import (
     MASKED_LOGIT,

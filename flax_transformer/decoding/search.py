@@ -124,7 +124,7 @@ def _children_in_parent_rows(origin_BK: jax.Array) -> jax.Array:
     first child takes the parent's own row; the other children take, in order, the rows
     of parents that had no child. Every row that is some hypothesis's parent then keeps
     its parent's contents, which lets the cache copy only the rows that change
-    (`decoding.cache.move_rows`). The hypotheses' order does not matter to the search.
+    (`cache.move_rows`). The hypotheses' order does not matter to the search.
     """
     k = origin_BK.shape[1]
     hyp_K = jnp.arange(k)

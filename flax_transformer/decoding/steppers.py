@@ -5,10 +5,10 @@ A `Stepper` hides what a model needs to produce the next-token logits of every s
 appends one token per sequence and returns the next logits; `reorder(state, rows)` keeps
 (and copies) the sequences `rows`, as beam search needs; `move(state, rows)` does the same
 for a same-size reorder whose source rows keep their contents, which the cache does in
-place, copying only the rows that change (`decoding.cache.move_rows`). The state is a pytree, so the
+place, copying only the rows that change (`cache.move_rows`). The state is a pytree, so the
 loops carry it through `jax.lax.while_loop`.
 
-With the cache the state is the cache of `decoding.cache`: one parallel prefill, then one
+With the cache the state is the cache of `flax_transformer.cache`: one parallel prefill, then one
 token per step. Without it (`use_cache=False`, the reference) the state is a fixed-size
 token buffer and every step runs the full model over the whole buffer.
 """
@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from flax_transformer.cache import init_cache, move_rows, select_rows
 from flax_transformer.checks.traced import runtime_check
-from flax_transformer.decoding.cache import init_cache, move_rows, select_rows
 
 
 class Stepper(NamedTuple):

@@ -362,7 +362,7 @@ def _write_cache(
     Each sequence has its own write position, so a batch of prompts of different lengths
     shares one cache. The scatter updates the `(B, K, L, H)` buffers in place under `jit`;
     writes past slot L - 1 are dropped (the models check that the real tokens fit,
-    `decoding.cache.check_cache_room`, where the index is concrete).
+    `cache.check_cache_room`, where the index is concrete).
     """
     batch, length = k_BTKH.shape[:2]
     if index_B is None:

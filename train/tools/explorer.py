@@ -16,6 +16,10 @@ id="attention-data">`), built by `explorer_payload` from `attention_record`: the
 the model sows, and the queries, keys, values and masks they came from. The page's script
 (the template train/tools/explorer.html) draws from it and records what it drew as `data-*`
 attributes and in `window.__explorer`, which the browser test reads.
+
+A written page is the template plus that one line of data, so `page_payload` reads the data
+back and `refill_page` writes a page again from the current template, keeping its data:
+docs/explorer_default.html is kept current that way (its data comes from a trained run).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import importlib.resources
 import json
 import os
 import pathlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +51,12 @@ from train.tools.attention_recording import (
 TEMPLATE_NAME = "explorer.html"  # package data of `train.tools` (pyproject.toml [package-data])
 
 PAYLOAD_PLACEHOLDER = "__EXPLORER_DATA__"
+
+# The element of the template that holds the placeholder, and of a page the data. The data
+# holds no "</" (`write_explorer_html` escapes it), so the first "</script>" ends it.
+_DATA_ELEMENT = re.compile(
+    r'<script type="application/json" id="attention-data">(.*?)</script>', re.DOTALL
+)
 
 # Decimals kept in the page. Attention weights and scores: 8, far inside the 1e-6 the
 # browser test asks for. Queries, keys and values are only shown, to 3 decimals, and
@@ -213,3 +224,33 @@ def render_explorer(
         model, params, tokenizer, src_ids, tgt_ids, prompt_length=prompt_length, title=title
     )
     return write_explorer_html(payload, path)
+
+
+def page_payload(page: str) -> dict:
+    """The payload a page written by `write_explorer_html` carries (its text in, a dict out).
+
+    Raises:
+        ValueError: the text holds no explorer data element, or its data is not JSON.
+    """
+    found = _DATA_ELEMENT.search(page)
+    if found is None or found.group(1) == PAYLOAD_PLACEHOLDER:
+        raise ValueError(
+            "the page holds no filled attention-data element: pass a page that "
+            "write_explorer_html or `python -m train.visualize --html` wrote."
+        )
+    try:
+        return json.loads(found.group(1))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"the page's attention data is not JSON ({err}); write it again.") from err
+
+
+def refill_page(path: str | os.PathLike) -> pathlib.Path:
+    """Writes the page at `path` again from the current template, keeping its data.
+
+    For a page whose data cannot be recomputed here (docs/explorer_default.html holds the
+    trained default run's) after the template changed:
+
+        python -c "from train.tools.explorer import refill_page; refill_page('PAGE')"
+    """
+    path = pathlib.Path(path)
+    return write_explorer_html(page_payload(path.read_text("utf-8")), path)
