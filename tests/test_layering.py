@@ -1,6 +1,7 @@
-"""The library's layering, read from the source with `ast`: every import counts, at the top of
-a file and inside functions (an import inside a function is a dependency all the same, and
-the circles it closes are the ones a top-of-file reading misses).
+"""The layering of the library and of the training program, read from the source with
+`ast`: every import counts, at the top of a file and inside functions (an import inside a
+function is a dependency all the same, and the circles it closes are the ones a top-of-file
+reading misses).
 
     python -m pytest -q tests/test_layering.py
 
@@ -273,3 +274,48 @@ def test_the_cache_keeps_its_old_import_path():
     public = [n for n in public if not n.startswith("_")]
     assert sorted(old_place.__all__) == sorted(public)
     assert all(getattr(old_place, n) is getattr(cache, n) for n in public)
+
+
+# The training program: no circle between its modules (function-level imports counted), and
+# the leaves it is built on stay leaves.
+PROGRAM = import_graph(ROOT / "train")
+
+
+def _inside_program(part: str) -> list[str]:
+    return [m for m in PROGRAM if m == part or m.startswith(part + ".")]
+
+
+def test_no_circle_between_the_programs_modules():
+    cycles = find_cycles(internal(PROGRAM))
+    assert not cycles, f"import circles between modules of train/: {describe(cycles)}"
+
+
+@pytest.mark.parametrize(
+    "leaf, above",
+    [
+        # What a pretrained source is: read by config/, data/, store/ and program/ alike.
+        ("train.sources", ["train.config", "train.data", "train.store", "train.program"]),
+        # The corpus table: the config's choices and the tasks' corpora derive from it.
+        ("train.data.corpora", ["train.config", "train.program", "train.store"]),
+    ],
+)
+def test_the_programs_leaves_import_nothing_above_them(leaf, above):
+    offenders = sorted(
+        f"{m} imports {name}"
+        for m in reachable(PROGRAM, _inside_program(leaf))
+        for name in internal(PROGRAM)[m]
+        if any(name in _inside_program(part) for part in above)
+    )
+    assert not offenders, offenders
+
+
+def test_the_config_sections_build_nothing():
+    """`train/config/` holds checked, frozen data: optax and the decoding strategies are
+    built in `train/program/` (`optim`, `inference`)."""
+    offenders = sorted(
+        f"{m} imports {name}"
+        for m in _inside_program("train.config")
+        for name in PROGRAM[m]
+        if name == "optax" or name.startswith("optax.")
+    )
+    assert not offenders, offenders
