@@ -110,22 +110,18 @@ class Vocabulary:
             pad id included).
         source: for 'pretrained', the source the tokenizer is read from (a Hugging Face
             directory, a run directory, or a run's snapshot of one); '' otherwise.
+        identity: what the ids mean beyond their count: the SHA-256 of the pretrained
+            source's tokenizer definition ('' for bytes and SentencePiece, whose store holds
+            its own model).
     """
 
     kind: str
     size: int
     source: str = ""
-
-    def identity(self) -> str:
-        """What the ids mean beyond their count: the SHA-256 of the pretrained source's
-        tokenizer definition ('' for bytes and SentencePiece, whose store holds its own
-        model)."""
-        if self.kind != "pretrained":
-            return ""
-        return sources.read_source(self.source, need_weights=False).tokenizer_sha256()
+    identity: str = ""
 
 
-def vocabulary(data, model_vocab_size: int, source: str = "") -> Vocabulary:
+def vocabulary(data, model_vocab_size: int, source: str | os.PathLike = "") -> Vocabulary:
     """The `Vocabulary` of a data section whose model has `model_vocab_size` ids.
 
     Args:
@@ -133,7 +129,12 @@ def vocabulary(data, model_vocab_size: int, source: str = "") -> Vocabulary:
         model_vocab_size: the model section's `vocab_size` (`validate_config` resolved it).
         source: the pretrained source (default: `data.init_from`; a resumed run passes its
             snapshot).
+
+    Raises:
+        ValueError: the pretrained source does not read.
     """
     if data.tokenizer != "pretrained":
         return Vocabulary(data.tokenizer, model_vocab_size)
-    return Vocabulary(data.tokenizer, model_vocab_size, str(source or data.init_from))
+    path = str(source or data.init_from)
+    identity = sources.read_source(path, need_weights=False).tokenizer_sha256()
+    return Vocabulary(data.tokenizer, model_vocab_size, path, identity)

@@ -26,7 +26,6 @@ window padded: every validation token is scored, so bits per character are exact
 
 from __future__ import annotations
 
-import logging
 import math
 import pathlib
 import shutil
@@ -44,11 +43,9 @@ from train.program.tasks import get_task
 from train.run.rundir import RunDir
 from train.store import store_prepare
 from train.store.token_store import (
-    MANIFEST,
     TOKENIZER_FILE,
     StoreError,
     TokenStore,
-    store_settings,
     tokenizer_path,
 )
 
@@ -232,7 +229,7 @@ def open_store_dataset(
             a damaged shard, or a split too short for one window.
     """
     get_packer("stream").check(data, num_devices, share)  # windows: batch_size rows
-    store = _prepare_and_open(data, vocabulary, processes)
+    store = store_prepare.prepare_for_run(data, vocabulary, processes)
     kind = data.tokenizer
     tokenizer = open_tokenizer(kind, data.vocab_size, tokenizer_path(store.path, kind))
     segments, pad_id = data.packing == "segments", tokenizer.pad_id
@@ -287,22 +284,6 @@ def open_store_dataset(
         fingerprint=store.fingerprint,
         make_stream=make_stream,
     )
-
-
-def _prepare_and_open(data, vocabulary: Vocabulary, processes: Processes) -> TokenStore:
-    """The run's store, prepared first where it is missing: process 0 plans it and makes
-    its tokenizer, then every process tokenizes its part of the shards."""
-    store_dir = pathlib.Path(data.store_dir)
-    if not (store_dir / MANIFEST).is_file():
-        logging.info("No token store in %s: preparing it (train.prepare).", store_dir)
-        if processes.primary:
-            store_prepare.prepare_plan_and_tokenizer(data, vocabulary)
-        processes.barrier("store-tokenizer")
-        store_prepare.prepare_store(
-            data, vocabulary, part=processes.part, progress=processes.primary
-        )
-        processes.barrier("store-shards")
-    return TokenStore.open(store_dir, store_settings(data, vocabulary))
 
 
 def _chars_per_label(store: TokenStore, segments: bool) -> float:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-import json
 import logging
 import multiprocessing
 import os
@@ -47,6 +46,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from train.data.dataset import Processes
 from train.data.tokenizer import SentencePieceTokenizer, SpecialIds
 from train.data.tokenizers import Vocabulary, open_tokenizer
 from train.run.failures import RunFailure
@@ -54,20 +54,21 @@ from train.sources import CONFIG_FILE, read_source, snapshot
 from train.store.store_inputs import Source, documents, plan_shards, split_of
 from train.store.token_store import (
     MANIFEST,
-    PLAN,
     SHARD_META,
     SHARDS,
-    STORE_FORMAT,
     TOKENIZER_FILE,
     StoreError,
     TokenStore,
+    begin_store,
     file_sha256,
-    read_json_file,
+    finish_store,
     shard_name,
     split_files,
     store_settings,
     token_dtype,
     tokenizer_path,
+    umask,
+    write_json_file,
 )
 
 # Documents tokenized per call of the tokenizer (bounded memory per worker).
@@ -184,7 +185,7 @@ def _write_shard(args) -> dict:
     dtype = token_dtype(vocab)
     final = store_dir / SHARDS / shard_name(index)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 would hide a shared store from others
+    os.chmod(tmp, 0o777 & ~umask())  # mkdtemp's 0700 would hide a shared store from others
     try:
         writers = {
             split: _SplitWriter(tmp, split, dtype, tokenizer.specials)
@@ -218,7 +219,7 @@ def _write_shard(args) -> dict:
                     "sha256": file_sha256(tmp / name),
                 }
         meta["test_docs"] = skipped_test
-        _write_json(tmp / SHARD_META, meta)
+        write_json_file(tmp / SHARD_META, meta)
         os.replace(tmp, final)
         return meta
     except OSError as err:
@@ -233,12 +234,6 @@ def _write_shard(args) -> dict:
         raise
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _encode_all(tokenizer, texts: list[str], vocab: int) -> list[list[int]]:
     if isinstance(tokenizer, SentencePieceTokenizer):
         docs = tokenizer.encode_batch(texts)
@@ -248,34 +243,6 @@ def _encode_all(tokenizer, texts: list[str], vocab: int) -> list[list[int]]:
     if top >= vocab:
         raise StoreError(f"token id {top} outside the vocabulary of {vocab} ; delete the store.")
     return docs
-
-
-def _write_json(path: pathlib.Path, value) -> None:
-    """Writes JSON atomically (temporary file, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~_umask())
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _check_plan(store_dir: pathlib.Path, plan: dict) -> None:
-    """Writes plan.json, or refuses to go on with a store begun from other inputs."""
-    path = store_dir / PLAN
-    if path.exists():
-        saved = read_json_file(path, f"delete {store_dir} and prepare it again")
-        if saved != plan:
-            changed = [k for k in plan if saved.get(k) != plan[k]]
-            raise StoreError(
-                f"the token store {store_dir} was begun from other inputs or settings "
-                f"({', '.join(changed)} differ) ; use another --config.store_dir, or delete "
-                f"{store_dir} to prepare it again."
-            )
-        return
-    _write_json(path, plan)
 
 
 def prepare_plan_and_tokenizer(
@@ -298,14 +265,8 @@ def prepare_plan_and_tokenizer(
 def _plan_and_tokenizer(data, vocabulary: Vocabulary, settings: dict, workers: int):
     store_dir = pathlib.Path(data.store_dir)
     shards = plan_shards(data)
-    plan = {
-        "format": STORE_FORMAT,
-        "settings": settings,
-        "sources": [dataclasses.asdict(s) for s in shards],
-    }
     try:
-        (store_dir / SHARDS).mkdir(parents=True, exist_ok=True)
-        _check_plan(store_dir, plan)
+        begin_store(store_dir, settings, [dataclasses.asdict(s) for s in shards])
         _ensure_tokenizer(store_dir, shards, data, vocabulary, workers)
     except OSError as err:
         raise StoreWriteError(
@@ -344,14 +305,19 @@ def prepare_store(
         FileNotFoundError, StoreError: bad inputs or a store begun from other inputs.
         StoreWriteError: a write failed (disk full): rerun to finish.
     """
-    store_dir = pathlib.Path(data.store_dir)
     index, count = part
     if not 0 <= index < count:
         raise ValueError(f"--part={index}/{count}: i must be in [0, n).")
     settings = store_settings(data, vocabulary)
-    if (store_dir / MANIFEST).is_file():
-        return TokenStore.open(store_dir, settings)
-    workers = _workers(data, workers)
+    if (pathlib.Path(data.store_dir) / MANIFEST).is_file():
+        return TokenStore.open(data.store_dir, settings)
+    return _prepare(data, vocabulary, settings, _workers(data, workers), part, progress)
+
+
+def _prepare(data, vocabulary, settings: dict, workers: int, part, progress: bool):
+    """`prepare_store` of a store not yet whole, its settings computed."""
+    store_dir = pathlib.Path(data.store_dir)
+    index, count = part
     sources = _plan_and_tokenizer(data, vocabulary, settings, workers)
     mine = [i for i in range(len(sources)) if i % count == index]
     _remove_stale(store_dir, mine)
@@ -378,12 +344,33 @@ def prepare_store(
         logging.info("Token store %s: %d shards left to other parts.", store_dir, len(missing))
         return None
     try:
-        _write_manifest(store_dir, len(sources), settings)
+        return finish_store(store_dir, len(sources), settings)
     except OSError as err:
         raise StoreWriteError(
             f"could not write {store_dir / MANIFEST} ({err}) ; fix the cause and rerun."
         ) from err
-    return TokenStore.open(store_dir, settings)
+
+
+def prepare_for_run(data, vocabulary: Vocabulary, processes: Processes) -> TokenStore:
+    """A run's store, opened, and prepared first where it is missing: process 0 plans it and
+    makes its tokenizer (trained on the sample, or copied from the pretrained model), then
+    every process tokenizes its part of the shards (`processes.part`).
+
+    Raises:
+        as `prepare_store`.
+    """
+    store_dir = pathlib.Path(data.store_dir)
+    settings = store_settings(data, vocabulary)
+    if (store_dir / MANIFEST).is_file():
+        return TokenStore.open(store_dir, settings)
+    logging.info("No token store in %s: preparing it (train.prepare).", store_dir)
+    workers = _workers(data, None)
+    if processes.primary:
+        _plan_and_tokenizer(data, vocabulary, settings, workers)
+    processes.barrier("store-tokenizer")
+    store = _prepare(data, vocabulary, settings, workers, processes.part, processes.primary)
+    processes.barrier("store-shards")
+    return store if store is not None else TokenStore.open(store_dir, settings)
 
 
 def _ensure_tokenizer(
@@ -446,31 +433,3 @@ def _tokenize_shards(store_dir, sources, todo, fields, workers, progress) -> Non
             elapsed,
             tokens / elapsed,
         )
-
-
-def _write_manifest(store_dir: pathlib.Path, num_shards: int, settings: dict) -> None:
-    shards = []
-    for i in range(num_shards):
-        meta = read_json_file(
-            store_dir / SHARDS / shard_name(i) / SHARD_META,
-            f"delete {store_dir / SHARDS / shard_name(i)} and rerun to rewrite that shard",
-        )
-        shards.append({k: meta[k] for k in ("name", "splits", "files", "test_docs")})
-    tokenizer_sha = (
-        file_sha256(store_dir / TOKENIZER_FILE) if settings["tokenizer"] == "sentencepiece" else ""
-    )
-    manifest = {
-        "format": STORE_FORMAT,
-        "settings": settings,
-        "dtype": token_dtype(settings["vocab_size"]).str,
-        "tokenizer_sha256": tokenizer_sha,
-        "shards": shards,
-        "totals": {
-            split: {
-                key: sum(s["splits"][split][key] for s in shards)
-                for key in ("tokens", "docs", "chars")
-            }
-            for split in ("train", "valid")
-        },
-    }
-    _write_json(store_dir / MANIFEST, manifest)

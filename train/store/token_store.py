@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import pathlib
+import tempfile
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -104,7 +105,7 @@ def store_settings(data, vocabulary: Vocabulary) -> dict:
         "text_documents": data.text_documents,
         "valid_path": data.valid_path,
         "test_path": data.test_path,
-        "pretrained_tokenizer": vocabulary.identity(),
+        "pretrained_tokenizer": vocabulary.identity,
     }
 
 
@@ -304,3 +305,87 @@ def _open_split(path: pathlib.Path, shards: Sequence[dict], split: str, dtype) -
     shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
     doc_starts = np.concatenate(docs) if docs else np.zeros((0,), np.int64)
     return _Split(tuple(maps), shard_starts, doc_starts.astype(np.int64), chars)
+
+
+def umask() -> int:
+    """The process's file mode creation mask (read without changing it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json_file(path: pathlib.Path, value) -> None:
+    """Writes JSON atomically (temporary file, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~umask())
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def begin_store(store_dir: pathlib.Path, settings: dict, sources: Sequence[dict]) -> None:
+    """Starts (or goes on with) a store: its shard directory, and plan.json, written where
+    missing; a store begun from other inputs or settings is refused.
+
+    Args:
+        store_dir: the store directory.
+        settings: `store_settings` of the run.
+        sources: the shards' inputs (`train.store.store_inputs.Source` as dicts).
+
+    Raises:
+        StoreError: plan.json records other inputs or settings (names them).
+        OSError: a write failed.
+    """
+    (store_dir / SHARDS).mkdir(parents=True, exist_ok=True)
+    plan = {"format": STORE_FORMAT, "settings": settings, "sources": list(sources)}
+    path = store_dir / PLAN
+    if path.exists():
+        saved = read_json_file(path, f"delete {store_dir} and prepare it again")
+        if saved != plan:
+            changed = [k for k in plan if saved.get(k) != plan[k]]
+            raise StoreError(
+                f"the token store {store_dir} was begun from other inputs or settings "
+                f"({', '.join(changed)} differ) ; use another --config.store_dir, or delete "
+                f"{store_dir} to prepare it again."
+            )
+        return
+    write_json_file(path, plan)
+
+
+def finish_store(store_dir: pathlib.Path, num_shards: int, settings: dict) -> TokenStore:
+    """Writes the manifest of a store whose shards are all there (it makes the store whole),
+    and opens it.
+
+    Raises:
+        StoreError: a shard's shard.json does not read.
+        OSError: the write failed.
+    """
+    shards = []
+    for i in range(num_shards):
+        meta = read_json_file(
+            store_dir / SHARDS / shard_name(i) / SHARD_META,
+            f"delete {store_dir / SHARDS / shard_name(i)} and rerun to rewrite that shard",
+        )
+        shards.append({k: meta[k] for k in ("name", "splits", "files", "test_docs")})
+    tokenizer_sha = (
+        file_sha256(store_dir / TOKENIZER_FILE) if settings["tokenizer"] == "sentencepiece" else ""
+    )
+    manifest = {
+        "format": STORE_FORMAT,
+        "settings": settings,
+        "dtype": token_dtype(settings["vocab_size"]).str,
+        "tokenizer_sha256": tokenizer_sha,
+        "shards": shards,
+        "totals": {
+            split: {
+                key: sum(s["splits"][split][key] for s in shards)
+                for key in ("tokens", "docs", "chars")
+            }
+            for split in ("train", "valid")
+        },
+    }
+    write_json_file(store_dir / MANIFEST, manifest)
+    return TokenStore.open(store_dir, settings)
