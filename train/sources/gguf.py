@@ -200,8 +200,12 @@ def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFSource:
 
 def _read_tables(path: pathlib.Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The file's metadata (key -> value) and tensor table (GGUF name -> TensorInfo)."""
-    import gguf
-
+    try:
+        import gguf
+    except ImportError:
+        raise fail(
+            path, "reading GGUF files needs the gguf package; pip install -r requirements.txt"
+        ) from None
     try:
         reader = gguf.GGUFReader(path)
     except Exception as err:  # the reader raises ValueError, KeyError, IndexError...
