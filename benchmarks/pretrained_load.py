@@ -1,8 +1,9 @@
-"""Host memory of loading a pretrained directory (`--config.init_from`): peak RSS of
+"""Host memory and time of loading a pretrained source (`--config.init_from`): peak RSS of
 `train.program.weights.load_weights` against the checkpoint's size on disk.
 
     python -m benchmarks.pretrained_load                     # Llama-1B-sized, bf16 on disk
     python -m benchmarks.pretrained_load --layers 4          # a quicker, smaller one
+    python -m benchmarks.pretrained_load --dir smollm2       # any source: a GGUF file too
 
 Writes a Llama-family directory of random bfloat16 weights (the shapes of a 1B model:
 width 2048, 16 layers, 32 heads, 8 K/V heads, feed-forward 8192, vocabulary 32,000; no
@@ -73,28 +74,34 @@ def write_llama_dir(path: pathlib.Path, *, width, layers, heads, kv_heads, ffn, 
 
 
 _CHILD = """
-import dataclasses, resource, sys
+import dataclasses, resource, sys, time
 import jax
 from train import sources
 from train.program import weights
 def rss_mib():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+started = time.perf_counter()
 source = sources.read_source(sys.argv[1])
+read = time.perf_counter() - started
 model = dataclasses.replace(source.model, param_dtype=sys.argv[2], scan_layers=sys.argv[3] == "1")
 base = rss_mib()
+started = time.perf_counter()
 params, size = weights.load_weights(source, model)
 jax.block_until_ready(params)
+load = time.perf_counter() - started
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 n = sum(x.size for x in jax.tree.leaves(params))
-print(f"{base:.0f} {peak:.0f} {rss_mib():.0f} {n} {size}")
+print(f"{read:.2f} {load:.2f} {base:.0f} {peak:.0f} {rss_mib():.0f} {n} {size}")
 """
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--dir", default="", help="an existing directory to load instead")
+    parser.add_argument(
+        "--dir", default="", help="an existing source to load instead (a directory, a .gguf file)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = pathlib.Path(args.dir or tmp)
@@ -105,10 +112,10 @@ def main() -> None:
             )
         print(f"machine: {platform.processor() or platform.machine()}, {platform.node()}")
         print(
-            "| param dtype | scan_layers | params | on disk | RSS before | peak RSS "
-            "| (peak - before) / on disk |"
+            "| param dtype | scan_layers | params | on disk | read (config, tokenizer) | load "
+            "| RSS before | peak RSS | (peak - before) / on disk |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for dtype in ("bfloat16", "float32"):
             for scan in ("0", "1"):
                 out = subprocess.run(
@@ -117,10 +124,11 @@ def main() -> None:
                     text=True,
                     check=True,
                 ).stdout.split()
-                base, peak, _, n, size = (float(x) for x in out[-5:])
+                read, load, base, peak, _, n, size = (float(x) for x in out[-7:])
                 print(
                     f"| {dtype} | {scan == '1'} | {int(n):,} | {size / 2**20:,.0f} MiB | "
-                    f"{base:,.0f} MiB | {peak:,.0f} MiB | {(peak - base) / (size / 2**20):.2f}x |"
+                    f"{read:.1f} s | {load:.1f} s | {base:,.0f} MiB | {peak:,.0f} MiB | "
+                    f"{(peak - base) / (size / 2**20):.2f}x |"
                 )
 
 

@@ -115,8 +115,7 @@ def _pretrained_model(
     if data.task != "lm":
         raise fail("task", data.task, "init_from starts a decoder-only model: use task='lm'")
     source = sources.open_source(data.init_from, workdir)
-    origin = source.path / sources.CONFIG_FILE
-    model = merge_model_config(origin, source_model(source), dict(config.model))
+    model = merge_model_config(source.config_origin, source_model(source), dict(config.model))
     if data.max_len > model.max_len:
         raise fail(
             "max_len",
@@ -128,8 +127,9 @@ def _pretrained_model(
 
 
 def source_model(source: sources.Source) -> TransformerConfig:
-    """The model config of a pretrained source: a Hugging Face directory's (converted by the
-    library's importer), or a `train.main` run's, read with its whole checked config."""
+    """The model config of a pretrained source: a Hugging Face directory's or a GGUF file's
+    (converted by the library's importer), or a `train.main` run's, read with its whole
+    checked config."""
     if isinstance(source, sources.RunSource):
         try:
             return read_saved(source.path)[1].model

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from train.data.tokenizer import SpecialIds, _check_decodable
@@ -42,6 +42,18 @@ def _token_id(tokenizer: Any, token: Any) -> int | None:
     if not isinstance(token, str):
         return None
     return tokenizer.token_to_id(token)
+
+
+def _rust_tokenizer():
+    """`tokenizers.Tokenizer` (Hugging Face's Rust tokenizers)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as err:  # pragma: no cover - a requirement of the program
+        raise ValueError(
+            "--config.tokenizer='pretrained' needs the `tokenizers` package: "
+            "pip install -r requirements.txt"
+        ) from err
+    return Tokenizer
 
 
 def _first_int(*values: Any) -> int | None:
@@ -59,56 +71,92 @@ class PretrainedTokenizer:
 
     Attributes:
         specials: pad (the added id V), bos, eos, unk; see the module docstring.
-        directory: where `tokenizer.json` was read.
+        where: where the tokenizer was read (a directory, or a GGUF file).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, model_vocab_size: int, pad_id: int):
-        """Reads `directory/tokenizer.json` and the special ids.
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        hf_config: Mapping[str, Any],
+        tokenizer_config: Mapping[str, Any],
+        model_vocab_size: int,
+        pad_id: int,
+        where: str | os.PathLike,
+    ):
+        """Wraps a `tokenizers.Tokenizer` and reads its special ids.
 
         Args:
-            directory: a Hugging Face model directory (or a run's copy of its tokenizer).
+            tokenizer: the `tokenizers.Tokenizer`.
+            hf_config: the model's config.json (its `bos_token_id`, `eos_token_id`).
+            tokenizer_config: tokenizer_config.json (its `bos_token`, `eos_token`,
+                `unk_token`).
             model_vocab_size: the model's vocabulary, the added pad id included (V + 1).
             pad_id: the model's pad id (V for an imported checkpoint).
+            where: named in errors.
 
         Raises:
-            ValueError: no tokenizer.json, the `tokenizers` package missing, a tokenizer with
-                more ids than the model has, or no BOS/EOS to be found.
+            ValueError: a tokenizer with more ids than the model has, or no BOS/EOS to be
+                found.
         """
-        self.directory = pathlib.Path(directory)
-        path = self.directory / TOKENIZER_FILE
+        self.where = pathlib.Path(where)
+        self._tok = tokenizer
+        self._size = self._tok.get_vocab_size(with_added_tokens=True)
+        if self._size > model_vocab_size:
+            raise ValueError(
+                f"{self.where}: the tokenizer has {self._size} ids but the model's vocabulary "
+                f"holds {model_vocab_size}: the tokenizer does not belong to this model."
+            )
+        self._model_vocab_size = model_vocab_size
+        self.specials = self._read_specials(hf_config, tokenizer_config, pad_id)
+
+    @classmethod
+    def from_directory(
+        cls, directory: str | os.PathLike, *, model_vocab_size: int, pad_id: int
+    ) -> PretrainedTokenizer:
+        """The tokenizer of a Hugging Face model directory (or a run's copy of its files):
+        `tokenizer.json`, with the special tokens of `config.json` and
+        `tokenizer_config.json`.
+
+        Raises:
+            ValueError: no tokenizer.json, the `tokenizers` package missing, or as
+                `PretrainedTokenizer`.
+        """
+        directory = pathlib.Path(directory)
+        path = directory / TOKENIZER_FILE
         if not path.is_file():
             raise ValueError(
                 f"{path} not found: --config.tokenizer='pretrained' reads the model's "
                 "tokenizer.json (save_pretrained writes it: tokenizer.save_pretrained(dir))."
             )
-        try:
-            from tokenizers import Tokenizer as _RustTokenizer
-        except ImportError as err:  # pragma: no cover - a requirement of the program
-            raise ValueError(
-                "--config.tokenizer='pretrained' needs the `tokenizers` package: "
-                "pip install -r requirements.txt"
-            ) from err
-        self._tok = _RustTokenizer.from_file(str(path))
-        self._size = self._tok.get_vocab_size(with_added_tokens=True)
-        if self._size > model_vocab_size:
-            raise ValueError(
-                f"{path} has {self._size} ids but the model's vocabulary holds "
-                f"{model_vocab_size}: the tokenizer does not belong to this model."
-            )
-        self._model_vocab_size = model_vocab_size
-        self.specials = self._read_specials(pad_id)
 
-    def _read_specials(self, pad_id: int) -> SpecialIds:
         def read(name: str) -> dict:
-            path = self.directory / name
+            path = directory / name
             return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
-        model, tok = read("config.json"), read(TOKENIZER_CONFIG_FILE)
+        return cls(
+            _rust_tokenizer().from_file(str(path)),
+            hf_config=read("config.json"),
+            tokenizer_config=read(TOKENIZER_CONFIG_FILE),
+            model_vocab_size=model_vocab_size,
+            pad_id=pad_id,
+            where=directory,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, **kwargs: Any) -> PretrainedTokenizer:
+        """The tokenizer of a `tokenizer.json` text (a GGUF file's); `kwargs` as
+        `PretrainedTokenizer`."""
+        return cls(_rust_tokenizer().from_str(text), **kwargs)
+
+    def _read_specials(
+        self, model: Mapping[str, Any], tok: Mapping[str, Any], pad_id: int
+    ) -> SpecialIds:
         bos = _first_int(model.get("bos_token_id"), _token_id(self._tok, tok.get("bos_token")))
         eos = _first_int(model.get("eos_token_id"), _token_id(self._tok, tok.get("eos_token")))
         if bos is None and eos is None:
             raise ValueError(
-                f"{self.directory}: neither config.json (bos_token_id, eos_token_id) nor "
+                f"{self.where}: neither config.json (bos_token_id, eos_token_id) nor "
                 f"{TOKENIZER_CONFIG_FILE} (bos_token, eos_token) names a start or end token; "
                 "add them there."
             )

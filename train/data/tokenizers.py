@@ -6,7 +6,8 @@ store, its worker processes, the tools that read a trained run, and a pretrained
     'sentencepiece'  the model file (`spm_<V>.model` of a   SentencePieceTokenizer, trained on
                      run, `tokenizer.model` of a store)     `train_texts` where the file is missing
     'pretrained'     a pretrained source or its snapshot    the model's own (`train.sources`):
-                     (a Hugging Face directory, a run)      `tokenizer.json`, or the run's own
+                     (a Hugging Face directory, a GGUF      `tokenizer.json`, the GGUF file's
+                     file, a run)                           `tokenizer.ggml.*`, or the run's own
 
 `Vocabulary` is what a run resolved once of its ids (the tokenizer kind, the model's
 vocabulary size, the pretrained source), handed to the token store so that it never reads
@@ -77,13 +78,21 @@ def open_tokenizer(
 
 
 def source_tokenizer(source: sources.Source) -> Tokenizer:
-    """A pretrained source's tokenizer: a Hugging Face `tokenizer.json` with the model's
-    added pad id, or the tokenizer a run trained with."""
+    """A pretrained source's tokenizer: a Hugging Face `tokenizer.json` or the one a GGUF
+    file describes (`train.sources.gguf_tokenizer`), with the model's added pad id; or the
+    tokenizer a run trained with."""
     if isinstance(source, sources.RunSource):
         return open_tokenizer(source.tokenizer, source.vocab_size, source.tokenizer_path())
-    return PretrainedTokenizer(
-        source.path, model_vocab_size=source.model.vocab_size, pad_id=source.model.pad_id
-    )
+    ids = {"model_vocab_size": source.model.vocab_size, "pad_id": source.model.pad_id}
+    if isinstance(source, sources.GGUFSource):
+        return PretrainedTokenizer.from_json(
+            source.tokenizer_json,
+            hf_config=source.hf_config,
+            tokenizer_config=source.tokenizer_config,
+            where=source.path,
+            **ids,
+        )
+    return PretrainedTokenizer.from_directory(source.path, **ids)
 
 
 def run_tokenizer(

@@ -4,6 +4,8 @@
 - a Hugging Face directory: `model.safetensors` or its shards (`model.safetensors.index.json`),
   read tensor by tensor with plain file reads and handed to the library's per-layer
   importers (`flax_transformer.interop.gpt2`, `llama`) as if they were a torch module;
+- a GGUF file: each tensor read the same way and dequantized under its Hugging Face name
+  (`train.sources.gguf.GGUFSource.read_tensor`), through the same Llama importer;
 - a `train.main` run: its newest parameters (`train.tools.trained.load_trained`), LoRA
   adapters merged.
 Each finished parameter is placed at once with the run's sharding
@@ -30,6 +32,7 @@ from flax import traverse_util
 from flax_transformer import DecoderOnlyTransformer, TransformerConfig, merge_lora
 from flax_transformer.interop import gpt2, llama
 from train import sources
+from train.sources.gguf import GGUFSource
 from train.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
 from train.tools.trained import load_trained
 
@@ -78,6 +81,9 @@ class SafetensorsReader:
     def keys(self) -> set[str]:
         return set(self._where)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
     def get(self, name: str) -> np.ndarray:
         path, offset, info = self._where[name]
         if info["dtype"] not in _SAFETENSORS_DTYPES:
@@ -92,35 +98,56 @@ class SafetensorsReader:
         return out
 
 
+class GGUFTensors:
+    """The tensors of a GGUF file under their Hugging Face names, each dequantized to
+    float32 on request (the reader interface of `SafetensorsReader`)."""
+
+    def __init__(self, source: GGUFSource):
+        self._source = source
+        self.bytes_on_disk = source.path.stat().st_size
+
+    def keys(self) -> set[str]:
+        return set(self._source.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._source.tensors
+
+    def get(self, name: str) -> np.ndarray:
+        return self._source.read_tensor(name)
+
+
+Reader = SafetensorsReader | GGUFTensors
+
+
 class _LazyModule:
     """A dotted prefix of tensor names that answers like a torch module: `.weight` and
     `.bias` read the tensor, other attributes are submodules, and a numbered list of
     submodules (`h`, `layers`) iterates. Names the checkpoint lacks raise AttributeError
     (`getattr(module, 'bias', None)` is None), so the importers' checks still apply."""
 
-    def __init__(self, reader: SafetensorsReader, prefix: str):
+    def __init__(self, reader: Reader, prefix: str):
         self._reader, self._prefix = reader, prefix
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)
         full = self._prefix + name
-        if full in self._reader._where:
+        if full in self._reader:
             return self._reader.get(full)
-        if any(key.startswith(full + ".") for key in self._reader._where):
+        if any(key.startswith(full + ".") for key in self._reader.keys()):
             return _LazyModule(self._reader, full + ".")
         raise AttributeError(f"{full}: not in the checkpoint")
 
     def __iter__(self) -> Iterator[_LazyModule]:
         indices = {
             int(key[len(self._prefix) :].split(".", 1)[0])
-            for key in self._reader._where
+            for key in self._reader.keys()
             if key.startswith(self._prefix) and key[len(self._prefix) :].split(".", 1)[0].isdigit()
         }
         return iter(_LazyModule(self._reader, f"{self._prefix}{i}.") for i in sorted(indices))
 
 
-def _lazy_model(source: HFSource, reader: SafetensorsReader) -> types.SimpleNamespace:
+def _lazy_model(source: HFSource | GGUFSource, reader: Reader) -> types.SimpleNamespace:
     """The checkpoint's layers as the objects the library's per-layer importers read
     (`body.h[i]` for GPT-2, `body.layers[i]` for Llama), and the tensor-name prefix of the
     body ('transformer.' / 'model.', or '' where the base model was saved alone)."""
@@ -149,7 +176,9 @@ def load_weights(
     dtype = np.dtype(base.param_dtype)
     if isinstance(source, sources.RunSource):
         return _load_run_weights(source, base, placement), 0
-    reader = SafetensorsReader(source.path)
+    reader = (
+        GGUFTensors(source) if isinstance(source, GGUFSource) else SafetensorsReader(source.path)
+    )
     lazy = _lazy_model(source, reader)
 
     def place(path: tuple[str, ...], array: np.ndarray):
@@ -215,7 +244,9 @@ def _load_run_weights(source: sources.RunSource, model: TransformerConfig, place
     return traverse_util.unflatten_dict(out)
 
 
-def _read_checkpoint(source: HFSource, lazy, reader: SafetensorsReader, config: TransformerConfig):
+def _read_checkpoint(
+    source: HFSource | GGUFSource, lazy, reader: Reader, config: TransformerConfig
+):
     """The checkpoint's parameters outside the layers (path -> a callable giving the host
     array in the parameters' dtype) and one callable per layer giving that layer's
     (path within the layer -> host array)."""
@@ -225,7 +256,7 @@ def _read_checkpoint(source: HFSource, lazy, reader: SafetensorsReader, config: 
 
     def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
         full = body_prefix + name if not name.startswith("lm_head") else name
-        if full not in reader._where:
+        if full not in reader:
             raise AttributeError(f"{full}: not in the checkpoint")
         array = reader.get(full)
         if array.shape != shape:
@@ -270,7 +301,7 @@ def _read_checkpoint(source: HFSource, lazy, reader: SafetensorsReader, config: 
     return top, [layer(i) for i in range(len(blocks))]
 
 
-def _check_tree(params: Mapping, config: TransformerConfig, source: HFSource) -> None:
+def _check_tree(params: Mapping, config: TransformerConfig, source: HFSource | GGUFSource) -> None:
     """Every parameter of the model (LoRA aside) read, with its shape."""
     model = DecoderOnlyTransformer(config)
     tokens = jnp.zeros((1, 1), jnp.int32)

@@ -1,6 +1,7 @@
 """What a pretrained source is (`--config.init_from`): a Hugging Face model directory
-(`train.sources.hf`) or a `train.main` run directory (`train.sources.run`), read without its
-weights.
+(`train.sources.hf`), a GGUF file (`train.sources.gguf`; also by the name of a Python package
+that ships one, `--config.init_from=smollm2`) or a `train.main` run directory
+(`train.sources.run`), read without its weights.
 
 This package is a leaf of `train/`: config/, data/, store/ and program/ all read sources
 through it, and it imports none of them. What the layers above do with a source:
@@ -11,7 +12,9 @@ A new kind of source is one new reader module here and one line in `read_source`
 
 A run copies a source's small files (config and tokenizer) into `workdir/pretrained/`
 (`snapshot`), so its tools (`train.sample`, `train.export`) and a resumed run work after the
-source has moved; `open_source` prefers that copy.
+source has moved; `open_source` prefers that copy. A GGUF file's copy is a Hugging Face
+directory (config.json, tokenizer.json, tokenizer_config.json): what reads it needs no GGUF
+code.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import os
 import pathlib
 
 from train.run.rundir import RunDir
+from train.sources.gguf import PACKAGED, SUFFIX, GGUFSource, packaged_file, read_gguf_file
 from train.sources.hf import CONFIG_FILE, HFSource, fail, read_config_json, read_hf_directory
 from train.sources.run import RunSource, is_run_config, read_run_directory
 
 # A source of any kind.
-Source = HFSource | RunSource
+Source = HFSource | GGUFSource | RunSource
 
 # Where a run keeps the snapshot of its source, and the record of where it came from.
 SNAPSHOT_DIR = RunDir.PRETRAINED
@@ -67,17 +71,29 @@ def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source
     """The pretrained source at `path`, checked.
 
     Args:
-        path: `--config.init_from`: a Hugging Face GPT-2 / Llama / Mistral directory, or a
-            `train.main` run directory (or a run's snapshot of either).
-        need_weights: also check that the weights are there (a snapshot has none).
+        path: `--config.init_from`: a Hugging Face GPT-2 / Llama / Mistral directory, a
+            Llama-family .gguf file, a name in `train.sources.gguf.PACKAGED` (the GGUF file
+            of an installed package), or a `train.main` run directory (or a run's snapshot
+            of any of them).
+        need_weights: also check that the weights are there (a snapshot has none; a GGUF
+            file's tensor table is always read).
 
     Raises:
-        ValueError: not a directory, no config.json, an unsupported model type or option,
-            or no weights; one line naming the path and the fix.
+        ValueError: not a directory or .gguf file, no config.json, an unsupported model
+            type, option or tensor type, or no weights; one line naming the path and the fix.
     """
     directory = pathlib.Path(path)
+    if str(path) in PACKAGED and not directory.exists():
+        directory = packaged_file(str(path))
+    if directory.is_file() and directory.suffix == SUFFIX:
+        return read_gguf_file(directory)
     if not directory.is_dir():
-        raise fail(path, "not a directory; give a local Hugging Face model directory")
+        what = "not a directory or" if directory.exists() else "no such directory or"
+        raise fail(
+            path,
+            f"{what} {SUFFIX} file; give a local Hugging Face model directory, a "
+            f"GGUF file, or one of {sorted(PACKAGED)} (a GGUF file an installed package ships)",
+        )
     raw = read_config_json(directory)
     if is_run_config(raw):
         return read_run_directory(directory, raw, need_weights)
@@ -110,9 +126,10 @@ def snapshot(source: Source, target: str | os.PathLike) -> None:
     (target / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def origin(source: Source) -> HFSource | None:
-    """The Hugging Face model a source started from: itself, or through the snapshots of
-    runs started from runs; None for a run trained from scratch."""
+def origin(source: Source) -> HFSource | GGUFSource | None:
+    """The pretrained model a source started from: itself, or through the snapshots of
+    runs started from runs (a Hugging Face directory then); None for a run trained from
+    scratch."""
     while isinstance(source, RunSource):
         copy = source.path / SNAPSHOT_DIR
         if not (copy / CONFIG_FILE).is_file():

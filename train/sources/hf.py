@@ -121,6 +121,11 @@ class HFSource:
     hf_config: Mapping[str, Any]
     model: TransformerConfig
 
+    @property
+    def config_origin(self) -> pathlib.Path:
+        """Where the model config was read (named in errors)."""
+        return self.path / CONFIG_FILE
+
     def copy_files(self, target: pathlib.Path) -> None:
         """Copies the config and tokenizer files into `target` (a run's snapshot)."""
         for name in (CONFIG_FILE, *TOKENIZER_FILES):
@@ -166,13 +171,23 @@ def read_hf_directory(directory: pathlib.Path, raw: Mapping[str, Any], need_weig
     if need_weights:
         _check_weights(directory)
     hf_config = {**HF_DEFAULTS[model_type], **raw}
-    family = FAMILIES[model_type]
-    convert = gpt2_config if family == "gpt2" else llama_config
+    return HFSource(
+        directory, FAMILIES[model_type], hf_config, convert_config(directory, model_type, hf_config)
+    )
+
+
+def convert_config(path: Any, model_type: str, hf_config: Mapping[str, Any]) -> TransformerConfig:
+    """The model config of a config.json (`hf_config`, transformers' defaults filled in),
+    from the library's converter of its family.
+
+    Raises:
+        ValueError: an option the library's model cannot express (named, with `path`).
+    """
+    convert = gpt2_config if FAMILIES[model_type] == "gpt2" else llama_config
     try:
-        model = convert(_hf_namespace(hf_config))
+        return convert(_hf_namespace(hf_config))
     except (ValueError, TypeError) as err:
-        raise fail(directory, f"{err}".rstrip(".")) from None
-    return HFSource(directory, family, hf_config, model)
+        raise fail(path, f"{err}".rstrip(".")) from None
 
 
 def _check_weights(directory: pathlib.Path) -> None:

