@@ -67,7 +67,8 @@ def _config(model_dir, corpus, **overrides):
     config.batch_size = 4
     config.valid_fraction = 0.1
     config.test_fraction = 0.0
-    config.model.dropout_rate = 0.0
+    config.model.dropout_rate = 0.0  # the train step's loss is compared with a forward pass
+    config.model.attention_dropout_rate = 0.0
     config.num_train_steps = 1
     config.warmup_steps = 0
     config.schedule = "constant"
@@ -178,8 +179,12 @@ def test_greedy_samples_equal_transformers_generate(model_dirs, lr0_runs, family
     options = dataclasses.replace(trained.experiment.eval.decode, temperature=0.0)
     ours = sample_text(trained.model, trained.params, tokenizer, PROMPTS, options)
     hf = _hf_model(model_dirs[family])
+    # The prompt as transformers' users encode it: the model's own tokenizer, its
+    # post-processor deciding the BOS (Llama's adds one, GPT-2's none).
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dirs[family]))
     for prompt, text in zip(PROMPTS, ours, strict=True):
-        ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
+        ids = hf_tokenizer(prompt)["input_ids"]
+        assert ids == tokenizer.specials.prompt(tokenizer.encode(prompt))
         with torch.no_grad():
             out = hf.generate(
                 torch.tensor([ids]),
@@ -190,7 +195,7 @@ def test_greedy_samples_equal_transformers_generate(model_dirs, lr0_runs, family
             )[0, len(ids) :].tolist()
         if tokenizer.eos_id in out:
             out = out[: out.index(tokenizer.eos_id)]
-        assert text == tokenizer.decode(ids[1:] + out), (prompt, text)
+        assert text == tokenizer.decode(ids + out), (prompt, text)
     # The run wrote the model's own tokenizer beside its checkpoints.
     assert (workdir / "pretrained" / "tokenizer.json").is_file()
 

@@ -6,9 +6,12 @@ The ids are the model's: a GPT-2 byte-level BPE id means what it meant in pretra
 the special ids need a decision (`train.data.tokenizer.SpecialIds`):
 
 - **bos / eos**: the model's own, from `config.json` (`bos_token_id`, `eos_token_id`), else
-  from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). GPT-2
-  has one token for both, `<|endoftext|>` (50256): every sequence is framed
-  `[bos, text..., eos]` all the same, so a document is `<|endoftext|> text <|endoftext|>`.
+  from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). A
+  sequence starts with the BOS only where the model's own tokenizer adds one
+  (`SpecialIds.starts_with_bos`: `tokenizer_config.json`'s `add_bos_token`, else what
+  tokenizer.json's post-processor adds, as transformers decides): Llama's `<s>` yes;
+  GPT-2's `<|endoftext|>` and SmolLM2's `<|im_start|>` (its id 1) no. Every document ends
+  with the EOS, which also separates documents in a packed stream.
 - **pad**: GPT-2 and Llama have no pad token that never occurs in text (a `pad_token_id`,
   where set, is often EOS or `<unk>`), and our models mask every `pad_id` key. As the
   library's importers do (`flax_transformer.interop.load_gpt2`, `load_llama`), the model
@@ -32,6 +35,9 @@ from typing import Any
 
 from train.data.tokenizer import SpecialIds, _check_decodable
 from train.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+
+# A text to ask a post-processor what it adds around any text.
+_PROBE = "a"
 
 
 def _token_id(tokenizer: Any, token: Any) -> int | None:
@@ -163,7 +169,23 @@ class PretrainedTokenizer:
         bos = eos if bos is None else bos
         eos = bos if eos is None else eos
         unk = _token_id(self._tok, tok.get("unk_token"))
-        return SpecialIds(pad=pad_id, bos=bos, eos=eos, unk=pad_id if unk is None else unk)
+        return SpecialIds(
+            pad=pad_id,
+            bos=bos,
+            eos=eos,
+            unk=pad_id if unk is None else unk,
+            starts_with_bos=self._starts_with_bos(tok, bos),
+        )
+
+    def _starts_with_bos(self, tok: Mapping[str, Any], bos: int) -> bool:
+        """Whether the tokenizer starts a text with its BOS, as transformers decides:
+        `tokenizer_config.json`'s `add_bos_token` where it says (or where tokenizer.json
+        has no post-processor), else what tokenizer.json's post-processor adds."""
+        if "add_bos_token" in tok or "add_eos_token" in tok or self._tok.post_processor is None:
+            return bool(tok.get("add_bos_token", False))
+        plain = self._tok.encode(_PROBE, add_special_tokens=False).ids
+        framed = self._tok.encode(_PROBE, add_special_tokens=True).ids
+        return len(framed) > len(plain) and framed[0] == bos
 
     @property
     def pad_id(self) -> int:
