@@ -15,7 +15,12 @@ from flax_transformer.functional.attention import (
     softmax_dtype,
 )
 from flax_transformer.functional.dropout import dropout, keep_mask
-from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward, gelu
+from flax_transformer.functional.feed_forward import (
+    feed_forward,
+    gated_feed_forward,
+    gelu,
+    gelu_tanh,
+)
 from flax_transformer.functional.lora import lora_delta
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
@@ -51,6 +56,7 @@ __all__ = [
     "feed_forward",
     "gated_feed_forward",
     "gelu",
+    "gelu_tanh",
     "keep_mask",
     "label_smoothed_cross_entropy",
     "layer_norm",
