@@ -8,9 +8,9 @@ the special ids need a decision (`train.data.tokenizer.SpecialIds`):
 - **bos / eos**: the model's own, from `config.json` (`bos_token_id`, `eos_token_id`), else
   from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). A
   sequence starts with the BOS only where the model's own tokenizer adds one
-  (`SpecialIds.starts_with_bos`: `tokenizer_config.json`'s `add_bos_token`, else what
-  tokenizer.json's post-processor adds, as transformers decides): Llama's `<s>` yes;
-  GPT-2's `<|endoftext|>` and SmolLM2's `<|im_start|>` (its id 1) no. Every document ends
+  (`SpecialIds.starts_with_bos`: what tokenizer.json's post-processor adds, as transformers
+  5 decides): Llama's `<s>` yes; GPT-2's `<|endoftext|>` and SmolLM2's `<|im_start|>` (its
+  id 1) no. Every document ends
   with the EOS, which also separates documents in a packed stream.
 - **pad**: GPT-2 and Llama have no pad token that never occurs in text (a `pad_token_id`,
   where set, is often EOS or `<unk>`), and our models mask every `pad_id` key. As the
@@ -174,15 +174,16 @@ class PretrainedTokenizer:
             bos=bos,
             eos=eos,
             unk=pad_id if unk is None else unk,
-            starts_with_bos=self._starts_with_bos(tok, bos),
+            starts_with_bos=self._starts_with_bos(bos),
         )
 
-    def _starts_with_bos(self, tok: Mapping[str, Any], bos: int) -> bool:
-        """Whether the tokenizer starts a text with its BOS, as transformers decides:
-        `tokenizer_config.json`'s `add_bos_token` where it says (or where tokenizer.json
-        has no post-processor), else what tokenizer.json's post-processor adds."""
-        if "add_bos_token" in tok or "add_eos_token" in tok or self._tok.post_processor is None:
-            return bool(tok.get("add_bos_token", False))
+    def _starts_with_bos(self, bos: int) -> bool:
+        """Whether the tokenizer starts a text with its BOS: what tokenizer.json's
+        post-processor adds. As in transformers 5, which drops tokenizer_config.json's
+        `add_bos_token` wherever a tokenizer.json exists (a GGUF file's flag is written into
+        the post-processor of the tokenizer.json made from it)."""
+        if self._tok.post_processor is None:
+            return False
         plain = self._tok.encode(_PROBE, add_special_tokens=False).ids
         framed = self._tok.encode(_PROBE, add_special_tokens=True).ids
         return len(framed) > len(plain) and framed[0] == bos
