@@ -213,6 +213,25 @@ class PretrainedTokenizer:
         """The model's ids of `text`, without special tokens."""
         return self._tok.encode(text, add_special_tokens=False).ids
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode(text)` and each token's [start, end) character span in `text` (the Rust
+        tokenizer's offsets: a byte-level token holding part of a character spans all of it),
+        for mapping tokens to the characters a chat template wrote (`train.data.chat`)."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+    @property
+    def added_tokens(self) -> dict[str, int]:
+        """The tokens matched whole in any text (special or not; '<|im_end|>',
+        '<|eot_id|>'...): token -> id."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids of the added tokens marked special (control tokens)."""
+        decoder = self._tok.get_added_tokens_decoder()
+        return frozenset(i for i, t in decoder.items() if t.special)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text, in one call (the Rust tokenizer's threads)."""
         return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]

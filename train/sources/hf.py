@@ -33,11 +33,15 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Where transformers 5 saves a model's chat template (beside tokenizer_config.json, which then
+# holds none; `train.data.chat_template`).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # The files of a Hugging Face tokenizer: copied with a run (`train.sources.snapshot`) and
 # written by `train.export`.
 TOKENIZER_FILES = (
     TOKENIZER_FILE,
     TOKENIZER_CONFIG_FILE,
+    CHAT_TEMPLATE_FILE,
     "special_tokens_map.json",
     "generation_config.json",
 )
