@@ -53,8 +53,6 @@ SPECIAL_TOKEN_NAMES = (
     "cls_token",
     "mask_token",
 )
-# The roles a message may have.
-ROLES = ("system", "user", "assistant")
 
 
 def _token_text(token: Any) -> str | None:
