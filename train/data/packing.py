@@ -217,7 +217,7 @@ def segment_batches(
     for members in plan:
         tokens, segments = {}, {}
         for s, side in enumerate(sides):
-            per_row = [[side.sequences(examples[i][s]) for i in row] for row in members]
+            per_row = [[side.sequences(examples[i][s], pad_id) for i in row] for row in members]
             for key in side.keys:
                 tokens[key], segments[side.segment_key] = _fill_packed(
                     rows, length, [[x[key] for x in row] for row in per_row], pad_id
