@@ -168,7 +168,10 @@ def test_empty_masks_are_dropped_and_counted_and_all_dropped_is_refused(chatml, 
         caplog.text
     )
     assert "(first: c.jsonl:2: no assistant message to train on)" in caplog.text
-    with pytest.raises(ValueError, match="Every valid conversation was dropped.*2 no assistant"):
+    with pytest.raises(
+        ValueError,
+        match="Every valid conversation was dropped, 2 no assistant message.*nothing to validate",
+    ):
         encode_conversations(
             chatml.encoder(), _conversations("user_only", "user_only"), 96, "valid"
         )
@@ -228,7 +231,10 @@ def test_a_long_conversation_is_cut_after_its_last_assistant_turn_that_fits(chat
     assert kept[0].messages == tuple(CONVERSATIONS["several_turns"][:5])
     # one row short of the first turn: dropped as too long
     short = turns[0].num_tokens - 2
-    with pytest.raises(ValueError, match="2 no assistant turn fits --config.max_len"):
+    with pytest.raises(
+        ValueError,
+        match="dropped, 2 no assistant turn fits --config.max_len.*raise --config.max_len",
+    ):
         encode_conversations(chatml.encoder(), conversations, short, "v")
 
 

@@ -221,6 +221,16 @@ def test_the_chat_command_prints_the_reply_alone(lr0_run):
     assert both.returncode == 2 and "--prompt and --chat: give one of them" in both.stderr
 
 
+def test_the_chat_command_refuses_a_run_trained_from_scratch(tmp_path):
+    from configs import lm_kjv
+
+    (tmp_path / "config.json").write_text(lm_kjv.get_config().to_json(), encoding="utf-8")
+    command = [sys.executable, "-m", "train.sample", "--workdir", str(tmp_path), "--chat", "Hi"]
+    out = subprocess.run(command, capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--chat: " in out.stderr and "trained a model from scratch, with no chat" in out.stderr
+
+
 def test_a_template_file_replaces_the_models(model_dir, tmp_path):
     template = tmp_path / "mine.jinja"
     template.write_text(
@@ -244,7 +254,9 @@ def test_refusals_name_the_field_and_the_fix(model_dir, files, tmp_path):
     with pytest.raises(ValueError, match="--config.train_on='some': must be one of"):
         config_lib.validate_config(_config(model_dir, files, train_on="some"))
     plain = write_tiny_model(tmp_path / "plain", "llama", vocab_size=300, max_len=256)
-    with pytest.raises(ValueError, match="has no chat template.*start from an Instruct model"):
+    with pytest.raises(
+        ValueError, match="init_from='.*plain' has no chat template.*start from an Instruct model"
+    ):
         train_lib.train_and_evaluate(_config(plain, files), tmp_path / "run_plain")
     users = _write(tmp_path / "users.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])
     with pytest.raises(ValueError, match="Every train conversation was dropped.*1 no assistant"):

@@ -144,7 +144,11 @@ def chat_replies(
     try:
         tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run)
         encoder = run_chat_encoder(
-            tokenizer, run.pretrained, train_on=data.train_on, chat_template=data.chat_template
+            tokenizer,
+            run.pretrained,
+            train_on=data.train_on,
+            chat_template=data.chat_template,
+            init_from=data.init_from,
         )
         head = [{"role": "system", "content": system}] if system is not None else []
         prompts = [

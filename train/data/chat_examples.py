@@ -56,10 +56,17 @@ def run_chat_encoder(
     *,
     train_on: str = "assistant",
     chat_template: str = "",
+    init_from: str = "",
 ) -> ChatEncoder:
     """The encoder of a run's conversations: the chat template of its pretrained source (a
     run's snapshot, `workdir/pretrained/`), or `chat_template` (`--config.chat_template`, a
     Jinja file) with the source's special tokens, and the run's tokenizer.
+
+    Args:
+        tokenizer: the run's tokenizer.
+        source_dir: the pretrained source, or the run's snapshot of it.
+        train_on, chat_template: `--config.train_on`, `--config.chat_template`.
+        init_from: `--config.init_from`, as errors name the source ('' : its path).
 
     Raises:
         ValueError: no template (a base model, a run trained from scratch), a file that
@@ -68,7 +75,8 @@ def run_chat_encoder(
     if train_on not in TRAIN_ON:
         raise ValueError(f"--config.train_on={train_on!r}: must be one of {TRAIN_ON}.")
     source = sources.read_source(source_dir, need_weights=False)
-    template = source_chat_template(source, chat_template or None)
+    where = f"--config.init_from={init_from!r}" if init_from else None
+    template = source_chat_template(source, chat_template or None, where=where)
     return ChatEncoder(template, tokenizer, train_on)
 
 
@@ -103,9 +111,16 @@ class ChatCounts:
         counts |= {f"dropped_{name}": n for name, n in sorted(self.dropped.items())}
         return {f"{split}_{name}": n for name, n in counts.items()}
 
+    def reasons(self) -> str:
+        """The drops by reason, most first, each with its first conversation."""
+        labels = dict(DROPS.values()) | dict([TOO_LONG])
+        return "; ".join(
+            f"{n} {labels.get(name, name)} (first: {self.first[name]})"
+            for name, n in self.dropped.most_common()
+        )
+
     def describe(self, split: str) -> str:
         """One log line: kept, cut, dropped by reason, the share trained."""
-        labels = dict(DROPS.values()) | dict([TOO_LONG])
         dropped = sum(self.dropped.values())
         share = self.trained / max(self.tokens, 1)
         line = (
@@ -113,11 +128,7 @@ class ChatCounts:
             f"{dropped} dropped"
         )
         if dropped:
-            reasons = "; ".join(
-                f"{n} {labels[name]} (first: {self.first[name]})"
-                for name, n in self.dropped.most_common()
-            )
-            line += f": {reasons}"
+            line += f": {self.reasons()}"
         return (
             f"{line}. Trained tokens: {self.trained:,} of the {self.tokens:,} the model reads "
             f"({100 * share:.1f}%)."
@@ -245,10 +256,11 @@ def encode_conversations(
         counts.trained += int(example.mask[1:].sum())
     logging.info(counts.describe(split))
     if not examples:
+        fixes = ["fix the data"]
+        if TOO_LONG[0] in counts.dropped:
+            fixes.append(f"raise --config.max_len={max_len}")
         raise ValueError(
-            f"Every {split} conversation was dropped ({counts.describe(split)}): nothing to "
-            "train or validate on. Fix the data or the template (a template that marks no "
-            "assistant token: --config.chat_template=FILE with {% generation %} blocks, or "
-            "--config.train_on='all'), or raise --config.max_len."
+            f"Every {split} conversation was dropped, {counts.reasons()}: nothing to "
+            f"{'train' if split == 'train' else 'validate'} on ; {' or '.join(fixes)}."
         )
     return examples, kept, counts

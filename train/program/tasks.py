@@ -594,7 +594,11 @@ class ChatTask(LanguageModelTask):
         """The conversations as `ChatExample`s (`train.data.chat_examples`: cut to max_len
         or dropped, counted and logged); the validation texts are `HeldOut` prompts."""
         encoder = run_chat_encoder(
-            tokenizer, source_dir, train_on=data.train_on, chat_template=data.chat_template
+            tokenizer,
+            source_dir,
+            train_on=data.train_on,
+            chat_template=data.chat_template,
+            init_from=data.init_from,
         )
         encoded, kept, counts = encode_conversations(encoder, examples, data.max_len, split)
         texts = held_out(encoder, kept) if split == "valid" else kept
