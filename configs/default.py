@@ -31,14 +31,16 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.attention_dropout_rate = 0.0  # dropout on attention weights
     model.norm_position = "pre"  # 'pre' (stable without long warm-up) or 'post' (the paper)
     model.positional = "sinusoidal"  # 'sinusoidal' (paper), 'learned' (GPT-2) or 'rope'
-    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or
-    # gated (three kernels of hidden width d_ff): 'swiglu' (Llama), 'geglu'
+    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', 'relu2'
+    # (ReLU squared), or gated (three kernels of hidden width d_ff): 'swiglu' (Llama), 'geglu'
     model.norm = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     model.layer_norm_eps = 1e-5  # epsilon of either norm
     model.final_norm = placeholder(bool)  # a norm after each stack; None: only for pre-norm
     model.num_kv_heads = placeholder(int)  # key/value heads (divides num_heads; 1 = multi-
     # query); None: num_heads (plain multi-head attention)
     model.rope_base = 10000.0  # positional='rope': the rotary frequency base (Llama: 1e4, 5e5)
+    model.qk_norm = False  # RMSNorm (learned (H,) scale) on each head's queries and keys
+    model.logits_soft_cap = 0.0  # output logits = cap * tanh(logits / cap); 0 = off
     model.use_bias = True  # biases in projections, feed-forward and LayerNorm
     model.attention_bias = placeholder(bool)  # Q/K/V/output projection biases; None: use_bias
     model.ffn_bias = placeholder(bool)  # feed-forward biases; None: use_bias

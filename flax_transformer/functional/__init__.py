@@ -15,7 +15,12 @@ from flax_transformer.functional.attention import (
     softmax_dtype,
 )
 from flax_transformer.functional.dropout import dropout, keep_mask
-from flax_transformer.functional.feed_forward import feed_forward, gated_feed_forward, gelu
+from flax_transformer.functional.feed_forward import (
+    feed_forward,
+    gated_feed_forward,
+    gelu,
+    relu_squared,
+)
 from flax_transformer.functional.lora import lora_delta
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
 from flax_transformer.functional.masks import (
@@ -34,6 +39,7 @@ from flax_transformer.functional.positions import (
     sinusoidal_positions,
 )
 from flax_transformer.functional.projection import project
+from flax_transformer.functional.soft_cap import soft_cap
 
 __all__ = [
     "AttentionMask",
@@ -58,11 +64,13 @@ __all__ = [
     "multi_head_attention",
     "padding_mask",
     "project",
+    "relu_squared",
     "rms_norm",
     "rope_angles",
     "segment_mask",
     "segment_positions",
     "simple_self_attention",
     "sinusoidal_positions",
+    "soft_cap",
     "softmax_dtype",
 ]
