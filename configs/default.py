@@ -161,6 +161,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.keep_checkpoints = 2  # keep the last K checkpoints
     config.async_checkpoints = True  # write checkpoints in a background thread while the
     # steps go on (the loop stops only for the copy to host memory); False = wait
+    config.target_valid_loss = 0.0  # stop once a validation loss (nll) is <= this: the run
+    # saves a checkpoint and ends with its report, giving the wall time it took; 0 = off
+    config.target_bleu = 0.0  # translation: stop once an interim BLEU (bleu_every_steps) is
+    # >= this, likewise; 0 = off
 
     # Decoding: BLEU / chrF and the samples printed at the end.
     config.bleu_every_steps = 550  # BLEU/chrF during training too; 0 = only at the end

@@ -96,13 +96,22 @@ def validate_config(
     if optimizer.freeze or optimizer.pretrained_lr_scale != 1.0:
         finetune.check_freeze(optimizer, model, bool(data.init_from))
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
+    evaluation = EvalConfig.from_config(config)
+    if run.target_bleu and not (run.bleu_every_steps and evaluation.bleu_examples):
+        raise fail(
+            "target_bleu",
+            run.target_bleu,
+            "is checked at each BLEU evaluation during training: set --config.bleu_every_steps "
+            f"> 0 (now {run.bleu_every_steps}) and --config.bleu_examples > 0 (now "
+            f"{evaluation.bleu_examples})",
+        )
     return Experiment(
         data=data,
         model=model,
         optimizer=optimizer,
         schedule=ScheduleConfig.from_config(config, optimizer, run),
         step=StepConfig.from_config(config),
-        eval=EvalConfig.from_config(config),
+        eval=evaluation,
         run=run,
     )
 

@@ -590,6 +590,11 @@ class RunConfig(_ReadByName):
             `train.run.distributed.split_cpu`).
         log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
             keep_checkpoints, async_checkpoints: the config fields of the same names.
+        target_valid_loss: stop once a validation loss (nll, every `eval_every_steps`) is
+            at most this; 0 = no target.
+        target_bleu: translation: stop once an interim BLEU (every `bleu_every_steps`) is at
+            least this; 0 = no target. Reaching either target saves a checkpoint and ends
+            the run with its report (`train.train_lib`).
     """
 
     num_train_steps: int
@@ -603,6 +608,8 @@ class RunConfig(_ReadByName):
     keep_checkpoints: int
     async_checkpoints: bool
     cpu_devices: int = 0
+    target_valid_loss: float = 0.0
+    target_bleu: float = 0.0
 
     # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
     IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
@@ -621,6 +628,16 @@ class RunConfig(_ReadByName):
         _check_non_negative_ints(self, "bleu_every_steps", "seed", "cpu_devices")
         if not isinstance(self.async_checkpoints, bool):
             raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
+        for name, high in (("target_valid_loss", math.inf), ("target_bleu", 100.0)):
+            value = getattr(self, name)
+            if not _is_real(value) or not 0 <= value <= high:
+                bounds = "in [0, 100]" if high == 100.0 else ">= 0"
+                raise fail(name, value, f"must be a number {bounds} (0 = no target)")
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the run stops at a target (`target_valid_loss` or `target_bleu`)."""
+        return bool(self.target_valid_loss or self.target_bleu)
 
 
 @dataclasses.dataclass(frozen=True)

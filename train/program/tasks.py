@@ -241,7 +241,7 @@ class TranslationTask(Task):
     name = "translation"
     corpora = corpora_for("translation")
     hf_fields = 2
-    own_fields = ("copied_targets", "target_token_dropout")
+    own_fields = ("copied_targets", "target_token_dropout", "target_bleu")
     file_corpus = "tsv"
     packings = ("none", "segments")
     sides = (
