@@ -116,6 +116,9 @@ class Program:
         train_step: jitted `(state, batch) -> (state, metric sums)`; donates the state.
         eval_step: jitted `(params, batch) -> metric sums`.
         put_batch: places a numpy batch (this process's rows) on the mesh.
+        eval_params: `state -> the parameters to evaluate` (`optim.evaluation_params`:
+            the state's own, or schedule-free AdamW's averaged point, jitted), for
+            validation, BLEU and the final report.
     """
 
     model: nn.Module
@@ -124,6 +127,7 @@ class Program:
     train_step: Callable
     eval_step: Callable
     put_batch: Callable
+    eval_params: Callable = steps.state_params
 
 
 def build_program(
@@ -158,7 +162,11 @@ def build_program(
         if experiment.data.init_from
         else None
     )
-    tx = optim.make_optimizer(experiment.optimizer, schedule, labels)
+    muon_schedule = None
+    if experiment.optimizer.optimizer == "muon":
+        peak = experiment.optimizer.muon_learning_rate
+        muon_schedule = optim.make_schedule(experiment.schedule, peak=peak)
+    tx = optim.make_optimizer(experiment.optimizer, schedule, labels, muon_schedule=muon_schedule)
     accum = experiment.optimizer.grad_accum_steps
     shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(
@@ -177,7 +185,13 @@ def build_program(
         drop_pad_logit=bool(experiment.data.init_from)
         and experiment.model.pad_id == vocab_size - 1,
     )
-    return Program(model, tx, shapes, train_step, eval_step, put_batch)
+    eval_params = steps.state_params
+    if experiment.optimizer.optimizer == "schedule_free_adamw":
+        eval_params = jax.jit(
+            lambda state: optim.evaluation_params(state.opt_state, state.params),
+            out_shardings=jax.tree.map(lambda leaf: leaf.sharding, shapes.params),
+        )
+    return Program(model, tx, shapes, train_step, eval_step, put_batch, eval_params)
 
 
 def _check_same_data(fingerprint: dict, run: RunDir, resuming: bool) -> None:
@@ -461,7 +475,8 @@ def _run(
 
     def run_eval(step: int) -> dict:
         begun = clock.seconds()
-        valid = evaluate_loss(eval_step, state.params, eval_batches, put_batch, chars_per_token)
+        params = program.eval_params(state)
+        valid = evaluate_loss(eval_step, params, eval_batches, put_batch, chars_per_token)
         now = clock.seconds()
         writer.write(step, "valid", {**valid, "eval_s": now - begun, "wall_s": now})
         target.check("valid_loss", valid["nll"], step, now)
@@ -518,7 +533,8 @@ def _run(
             every = settings.bleu_every_steps
             if every and step % every == 0 and step < total:
                 begun = clock.seconds()
-                scored = task.interim_scores(evaluation, dataset, model, state.params)
+                params = program.eval_params(state)
+                scored = task.interim_scores(evaluation, dataset, model, params)
                 if scored is not None:
                     split, record, line = scored
                     now = clock.seconds()
@@ -553,7 +569,9 @@ def _run(
     results = {
         "step": step,
         "valid": valid,
-        **task.final_outputs(evaluation, dataset, model, distributed.host_copy(state.params)),
+        **task.final_outputs(
+            evaluation, dataset, model, distributed.host_copy(program.eval_params(state))
+        ),
     }
     if "bleu" in results:  # a BLEU target met only by the final scores: reached at the end
         target.check("bleu", results["bleu"]["bleu"], step, clock.seconds())

@@ -46,6 +46,12 @@ class TrainState:
     rng: jax.Array
 
 
+def state_params(state: TrainState) -> Any:
+    """The state's own parameters: what every optimizer but schedule-free AdamW evaluates
+    (`train.program.optim.evaluation_params`)."""
+    return state.params
+
+
 def _boxed_init(model: nn.Module, task: Task, tx, seed: int, rng_impl: str):
     """The function computing the step-0 TrainState, parameters still boxed with their
     logical axis names."""
