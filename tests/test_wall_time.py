@@ -39,6 +39,27 @@ def _assert_wall_time_in_every_record(records, since: float = 0.0):
             assert 0.0 < record["eval_s"] < record["wall_s"]
 
 
+def _tensorboard_scalars(workdir) -> dict[str, list[tuple[int, float, float]]]:
+    """tag -> [(step, value, event wall time)] of the run's TensorBoard event files (their
+    TFRecord framing read here: tensorboardX writes events and reads none)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict = {}
+    for path in sorted(RunDir(workdir).tensorboard.glob("events.out.tfevents.*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            event = event_pb2.Event.FromString(data[at + 12 : at + 12 + length])
+            at += 12 + length + 4  # length, its crc, the record, its crc
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(
+                    (event.step, value.simple_value, event.wall_time)
+                )
+    return scalars
+
+
 def test_run_clock_counts_from_the_start_and_on_from_a_checkpoint():
     clock = metrics.RunClock(started=time.time() - 5.0)
     assert 5.0 <= clock.seconds() < 6.0
@@ -63,6 +84,16 @@ def test_every_record_has_wall_time_and_the_run_its_total(tmp_path):
     assert "target" not in results  # no target asked
     saved = json.loads(RunDir(tmp_path / "run").results.read_text())
     assert saved["wall_s"] == results["wall_s"]
+    # TensorBoard: <split>/wall_s, and each event's wall time on the same clock.
+    scalars = _tensorboard_scalars(tmp_path / "run")
+    valid = [r for r in records if r["split"] == "valid"]
+    events = scalars["valid/wall_s"]
+    assert [step for step, _, _ in events] == [r["step"] for r in valid]
+    assert [value for _, value, _ in events] == pytest.approx([r["wall_s"] for r in valid])
+    assert [when for _, _, when in events] == pytest.approx(
+        [started + r["wall_s"] for r in valid], abs=1e-3
+    )
+    assert [step for step, _, _ in scalars["train/loss"]] == [2, 4, 6, 8]
 
 
 def test_a_target_validation_loss_reached_early_stops_there(tmp_path, capsys):
