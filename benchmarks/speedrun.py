@@ -3,6 +3,7 @@ against the nanoGPT-style PyTorch peer, validation loss against wall time, in on
 
     python -m benchmarks.speedrun --rounds 3                            # baseline vs the peer
     python -m benchmarks.speedrun --rounds 3 --recipe baseline,muon,speedrun
+    python -m benchmarks.speedrun --rounds 3 --recipe muon+muon_learning_rate=0.04
     python -m benchmarks.speedrun --rounds 3 --ablation                 # each change, all
     python -m benchmarks.speedrun --steps 20 --evals 2 --rounds 1 --out /tmp/smoke  # smoke
 
@@ -141,13 +142,21 @@ RECIPES["speedrun"] = ("all of " + ", ".join(ABLATION), "+".join(ABLATION))
 
 
 def recipe_overrides(name: str, steps: int) -> dict:
-    """The config overrides of a recipe name, or of `a+b+...` (all applied).
+    """The config overrides of a recipe name, or of `a+b+...` (all applied). A part
+    `field=value` (e.g. `muon+muon_learning_rate=0.04`, `baseline+model.d_ff=768`) sets one
+    config field after the named parts, its value read as a Python literal (else a string):
+    the way to try a value without adding a recipe.
 
     Raises:
-        ValueError: an unknown name, or two parts that set one field differently.
+        ValueError: an unknown name, or two named parts that set one field differently.
     """
+    import ast
+
     merged: dict = {}
+    fields = [part for part in name.split("+") if "=" in part]
     for part in name.split("+"):
+        if "=" in part:
+            continue
         if part not in RECIPES:
             raise ValueError(f"--recipe {part!r}: not one of {sorted(RECIPES)}")
         overrides = RECIPES[part][1]
@@ -162,6 +171,12 @@ def recipe_overrides(name: str, steps: int) -> dict:
                     "another; combine recipes that set different fields."
                 )
             merged[key] = value
+    for part in fields:
+        key, _, text = part.partition("=")
+        try:
+            merged[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            merged[key] = text
     return merged
 
 

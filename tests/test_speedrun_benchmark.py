@@ -75,6 +75,8 @@ def test_recipes_compose_and_conflicts_are_named():
     assert both == {"optimizer": "muon", "muon_learning_rate": 0.02, "model.qk_norm": True}
     assert speedrun.recipe_overrides("batch24", 2000)["num_train_steps"] == 1000
     assert set(speedrun.recipe_overrides("speedrun", 2000)) >= {"optimizer", "model.qk_norm"}
+    tried = speedrun.recipe_overrides("muon+muon_learning_rate=0.04+model.norm=rmsnorm", 2000)
+    assert tried == {"optimizer": "muon", "muon_learning_rate": 0.04, "model.norm": "rmsnorm"}
     with pytest.raises(ValueError, match="model.activation is 'swiglu' in one part"):
         speedrun.recipe_overrides("swiglu+relu2", 2000)
     with pytest.raises(ValueError, match="'nope': not one of"):
