@@ -1,6 +1,7 @@
 """benchmarks/speedrun.py's own pieces (its runs are long: not run here): the peer scores
 the very windows our program validates on, nanoGPT's schedule, the clocks and the recipes."""
 
+import json
 import math
 
 import numpy as np
@@ -96,3 +97,23 @@ def test_every_recipe_is_a_valid_config(name, tmp_path):
         target = config.model if key.startswith("model.") else config
         target[key.removeprefix("model.")] = value
     config_lib.validate_config(config)
+
+
+def test_time_to_quality_reads_both_clocks_of_a_run(tmp_path, capsys):
+    from benchmarks import time_to_quality
+
+    records = [
+        {"step": 10, "split": "train", "loss": 5.0, "wall_s": 10.0},
+        {"step": 20, "split": "valid", "nll": 4.0, "wall_s": 22.0, "eval_s": 2.0},
+        {"step": 20, "split": "bleu", "bleu": 30.0, "wall_s": 30.0, "eval_s": 8.0},
+        {"step": 40, "split": "valid", "nll": 3.0, "wall_s": 52.0, "eval_s": 2.0},
+        {"step": 40, "split": "bleu", "bleu": 65.0, "wall_s": 60.0, "eval_s": 8.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    bleu = time_to_quality.curve(tmp_path, "bleu", "bleu")
+    assert [(p["step"], p["wall_s"], p["train_s"]) for p in bleu] == [
+        (20, 30.0, 20.0),
+        (40, 60.0, 40.0),
+    ]
+    time_to_quality.main([str(tmp_path), "--bleu", "64"])
+    assert "target bleu >= 64: at step 40: 60.0 s wall, 40.0 s training" in capsys.readouterr().out
