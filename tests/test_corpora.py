@@ -188,34 +188,6 @@ def test_kjv_web_pairs_align_by_book_chapter_verse(tmp_path, monkeypatch):
     ]
 
 
-def test_the_default_runs_corpus_reads_its_splits(tmp_path, monkeypatch):
-    """A packaged corpus (kjv-web, the default run's) reads no file of the user's: its
-    splits are read without one, and a --config.valid_path is read as the task's TSV (a
-    regression: the data section was once re-made as corpus='tsv' with no path, and
-    refused, before any file was read)."""
-    from configs import default
-    from train.config.sections import DataConfig
-
-    kjv_rows = [
-        (1, 1, 1, 1, "In the beginning God created the heaven and the earth."),
-        (2, 1, 1, 2, "And the earth was without form, and void;"),
-        (3, 40, 17, 21, "Howbeit this kind goeth not out."),
-    ]
-    files = {bibles.KJV_FILE: tmp_path / "kjv.sqlite", bibles.WEB_VERSES_FILE: tmp_path / "w.gz"}
-    _write_kjv(files[bibles.KJV_FILE], kjv_rows)
-    _write_web(files[bibles.WEB_VERSES_FILE], WEB_ROWS)
-    monkeypatch.setattr(bibles, "package_file", lambda package, rel, pip: files[rel])
-    config = default.get_config()
-    assert config.corpus == "kjv-web"
-    read = splits.read_splits(DataConfig.from_config(config), "tsv")
-    assert sum(len(part) for part in read) == 3
-    (tmp_path / "valid.tsv").write_text("thou art\tyou are\n", encoding="utf-8")
-    config.valid_path = str(tmp_path / "valid.tsv")
-    assert splits.read_splits(DataConfig.from_config(config), "tsv").valid == [
-        ("thou art", "you are")
-    ]
-
-
 def test_missing_corpus_package_names_it_and_the_fix(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(

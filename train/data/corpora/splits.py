@@ -106,10 +106,11 @@ def read_splits(data, file_corpus: str) -> Splits:
         CorpusNotFoundError, FileNotFoundError, ValueError: as `load_examples`.
     """
     splits = split_examples(load_examples(data), *data.hash_fractions)
-    # Replaced together: a section of a file corpus without its path would not check.
-    corpus = data.corpus if get_corpus(data.corpus).reads_files else file_corpus
+    if not get_corpus(data.corpus).reads_files:
+        data = dataclasses.replace(data, corpus=file_corpus)
     for name, path in (("valid", data.valid_path), ("test", data.test_path)):
         if path:
-            own = dataclasses.replace(data, corpus=corpus, corpus_path=path)
-            splits = splits._replace(**{name: load_examples(own)})
+            splits = splits._replace(
+                **{name: load_examples(dataclasses.replace(data, corpus_path=path))}
+            )
     return splits
