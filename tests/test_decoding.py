@@ -7,6 +7,8 @@ decoding does not just repeat one token, so a broken cache shows up in the token
 import dataclasses
 import functools
 import itertools
+import re
+from pathlib import Path
 from typing import ClassVar
 
 import chex
@@ -845,3 +847,31 @@ def test_rng_accepts_a_typed_or_legacy_key():
             model, params, PROMPT, LENGTHS, eos_id=None, max_new_tokens=2, temperature=1.0, rng=rng
         )
         assert tokens.shape == (3, 2)
+
+
+def _pad_first(logits_RV, tokens_RN, step):
+    """pad_id the most likely token by far, at every step."""
+    del tokens_RN, step
+    return logits_RV.at[:, PAD].set(1e6)
+
+
+@pytest.mark.parametrize(
+    "strategy", [Greedy(), Sample(1.0), Beam(2, 0.0)], ids=["greedy", "sample", "beam"]
+)
+def test_pad_id_is_never_emitted_even_as_the_argmax_and_the_docs_say_so(strategy):
+    """Issue 52: generation masks pad_id out of every step's logits (the model masks pad
+    keys, so an emitted pad could not be read back), which `Greedy()`'s docs, "plain
+    argmax", did not say. With pad the argmax at every step, no strategy emits it; pad
+    appears only as the filling after EOS."""
+    model, params = _lm()
+    tokens = generate_text(
+        model, params, PROMPT, LENGTHS, eos_id=None, max_new_tokens=N_NEW, strategy=strategy,
+        logits_hook=_pad_first, rng=jax.random.key(0) if strategy.draws else None,
+    )  # fmt: skip
+    assert not np.any(np.asarray(tokens) == PAD)
+    api = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    for heading in ("### `Greedy()`", "### `generate_translation("):
+        section = api[api.index(heading) :]
+        section = " ".join(section[: section.index("\n### ", 1)].split())
+        assert re.search(r"never (emits|emitted|generates?)[^.]*pad_id", section), heading
+    assert re.search(r"never emits[^.]*pad_id", " ".join(Greedy.__doc__.split()))

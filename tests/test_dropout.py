@@ -62,10 +62,67 @@ def test_rate_zero_or_no_key_is_the_identity_and_keys_differ():
     np.testing.assert_array_equal(a, keep_mask(jax.random.key(0), 0.5, (64,)))
 
 
-@pytest.mark.parametrize("rate", [1.0, -0.1, float("nan")])
-def test_a_rate_outside_zero_one_is_refused_by_name(rate):
-    with pytest.raises(ValueError, match="rate"):
-        dropout(jnp.ones(3), rate, jax.random.key(0))
+@pytest.mark.parametrize("rate", [1.5, -0.1, float("nan"), float("inf")])
+def test_a_rate_outside_zero_one_is_refused_by_the_caller_s_name(rate):
+    """Issue 52: the errors named `drop_threshold`, an internal, not the user's call."""
+    x, key = jnp.ones(3), jax.random.key(0)
+    with pytest.raises(
+        ValueError, match=r"^dropout: rate=.* must be (a finite number )?in \[0, 1\]"
+    ):
+        dropout(x, rate, key)
+    with pytest.raises(ValueError, match=r"^dropout: rate="):
+        dropout(x, rate, None)  # checked without a key too
+    with pytest.raises(ValueError, match=r"^keep_mask: rate="):
+        keep_mask(key, rate, (3,))
+    for deterministic in (False, True):
+        with pytest.raises(ValueError, match=r"^Dropout: rate="):
+            Dropout(rate).apply({}, x, deterministic=deterministic, rngs={"dropout": key})
+
+
+def test_rate_one_drops_everything_as_flax_does():
+    """Issue 52 decision: rate 1 is flax's and torch's convention, zeros (it used to be
+    refused by an internal name)."""
+    import torch
+    from flax import linen as nn
+
+    x, key = jnp.arange(1.0, 7.0).reshape(2, 3), jax.random.key(0)
+    rngs = {"dropout": key}
+    np.testing.assert_array_equal(dropout(x, 1.0, key), np.zeros((2, 3)))
+    np.testing.assert_array_equal(dropout(x.astype(jnp.bfloat16), 1.0, key), np.zeros((2, 3)))
+    assert not keep_mask(key, 1.0, (2, 3)).any()
+    ours = Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs)
+    np.testing.assert_array_equal(ours, nn.Dropout(1.0).apply({}, x, False, rngs=rngs))
+    np.testing.assert_array_equal(ours, torch.nn.functional.dropout(torch.ones(2, 3), 1.0))
+    assert Dropout(1.0).apply({}, x, deterministic=True) is x
+    assert dropout(x, 1.0, None) is x
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("rate", [0.1, 0.2, 1 / 3])
+def test_the_expectation_is_the_input_in_bfloat16_and_float16(dtype, rate):
+    """Issue 52: in bfloat16 at rate 0.1 a kept 1 was 1.109375, not 1.1111, so the mean of
+    ones was 0.9985 (and, the scale itself being rounded, every input's). Columns: 1 (the
+    issue's case) and the 128 bfloat16 values of [1, 2) times 3 signs and scales, each
+    drawn 2**15 times; the mean of every column over its value, averaged, is 1 within 5
+    standard errors (2e-4), and so is the ones column alone (9e-4)."""
+    mantissas = jnp.linspace(1.0, 2.0, 128, endpoint=False)
+    values = jnp.concatenate(
+        [jnp.ones(1), jnp.outer(jnp.array([1.0, -0.3, 7.0]), mantissas).ravel()]
+    ).astype(dtype)
+    rows = 1 << 15
+    x = jnp.broadcast_to(values, (rows, values.size))
+    out = jax.jit(dropout, static_argnums=1)(x, rate, jax.random.key(11))
+    assert out.dtype == dtype
+    out = np.asarray(out.astype(jnp.float32), np.float64)
+    ratio = out.mean(0) / np.asarray(values.astype(jnp.float32), np.float64)
+    keep = 1.0 - rate
+    per_draw = np.sqrt(rate / keep)  # the standard deviation of one draw of out / x
+    np.testing.assert_allclose(ratio[0], 1.0, atol=5 * per_draw / np.sqrt(rows))
+    np.testing.assert_allclose(ratio.mean(), 1.0, atol=5 * per_draw / np.sqrt(out.size))
+    # Each element is either 0 or its own x * scale rounded once from float32.
+    scale = np.float32(65536 / (65536 - drop_threshold(rate)))
+    kept = np.asarray((values.astype(jnp.float32) * scale).astype(dtype).astype(jnp.float32))
+    assert np.all((out == 0) | (out == kept[None, :]))
 
 
 def test_bfloat16_stays_bfloat16():

@@ -5,6 +5,7 @@ with transformers and `tokenizers`, checked against transformers itself."""
 import dataclasses
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ from flax import traverse_util
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("tokenizers")
+tokenizers = pytest.importorskip("tokenizers")
 
 from configs import finetune_gpt2  # noqa: E402
 from train import sources, train_lib  # noqa: E402
@@ -67,7 +68,8 @@ def _config(model_dir, corpus, **overrides):
     config.batch_size = 4
     config.valid_fraction = 0.1
     config.test_fraction = 0.0
-    config.model.dropout_rate = 0.0
+    config.model.dropout_rate = 0.0  # the train step's loss is compared with a forward pass
+    config.model.attention_dropout_rate = 0.0
     config.num_train_steps = 1
     config.warmup_steps = 0
     config.schedule = "constant"
@@ -178,8 +180,12 @@ def test_greedy_samples_equal_transformers_generate(model_dirs, lr0_runs, family
     options = dataclasses.replace(trained.experiment.eval.decode, temperature=0.0)
     ours = sample_text(trained.model, trained.params, tokenizer, PROMPTS, options)
     hf = _hf_model(model_dirs[family])
+    # The prompt as transformers' users encode it: the model's own tokenizer, its
+    # post-processor deciding the BOS (Llama's adds one, GPT-2's none).
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dirs[family]))
     for prompt, text in zip(PROMPTS, ours, strict=True):
-        ids = [tokenizer.bos_id, *tokenizer.encode(prompt)]
+        ids = hf_tokenizer(prompt)["input_ids"]
+        assert ids == tokenizer.specials.prompt(tokenizer.encode(prompt))
         with torch.no_grad():
             out = hf.generate(
                 torch.tensor([ids]),
@@ -190,7 +196,7 @@ def test_greedy_samples_equal_transformers_generate(model_dirs, lr0_runs, family
             )[0, len(ids) :].tolist()
         if tokenizer.eos_id in out:
             out = out[: out.index(tokenizer.eos_id)]
-        assert text == tokenizer.decode(ids[1:] + out), (prompt, text)
+        assert text == tokenizer.decode(ids + out), (prompt, text)
     # The run wrote the model's own tokenizer beside its checkpoints.
     assert (workdir / "pretrained" / "tokenizer.json").is_file()
 
@@ -478,3 +484,54 @@ def test_a_checkpoint_missing_a_weight_is_named(model_dirs, tmp_path):
     source = sources.read_source(broken)
     with pytest.raises(ValueError, match=r"missing .*transformer\.h\.1\.mlp\.c_fc\.weight"):
         weights.load_weights(source, source.model)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("post_processor", ["saved", "bos", "none"])
+def test_text_is_framed_as_the_models_own_tokenizer_frames_it(
+    model_dirs, tmp_path, family, post_processor
+):
+    """A prompt starts with the BOS exactly where transformers' tokenizer of the same
+    directory puts one: tokenizer.json's post-processor decides (transformers 5 ignores
+    tokenizer_config.json's add_bos_token beside a tokenizer.json, and so do we)."""
+    directory = tmp_path / family
+    shutil.copytree(model_dirs[family], directory)
+    rust = tokenizers.Tokenizer.from_file(str(directory / hf.TOKENIZER_FILE))
+    bos = json.loads((directory / "config.json").read_text())["bos_token_id"]
+    if post_processor == "bos":
+        token = rust.id_to_token(bos)
+        rust.post_processor = tokenizers.processors.TemplateProcessing(
+            single=f"{token} $A", special_tokens=[(token, bos)]
+        )
+    elif post_processor == "none":
+        rust.post_processor = None
+    rust.save(str(directory / hf.TOKENIZER_FILE))
+    config_path = directory / hf.TOKENIZER_CONFIG_FILE
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps({**config, "add_bos_token": True}), encoding="utf-8")
+    ours = source_tokenizer(sources.read_source(directory))
+    theirs = transformers.AutoTokenizer.from_pretrained(str(directory))
+    for text in ("And God said", "x\n  y", "In the beginning God created"):
+        assert ours.specials.prompt(ours.encode(text)) == theirs(text)["input_ids"]
+    assert ours.specials.starts_with_bos == (post_processor == "bos")
+    framed = ours.specials.document(ours.encode("Amen."))
+    assert framed[-1] == ours.eos_id
+    assert (framed[0] == ours.bos_id) == (post_processor == "bos")
+
+
+def test_the_checkpoints_dropout_unless_the_config_sets_one(model_dirs, corpus):
+    """GPT-2's config.json says resid_pdrop = attn_pdrop = 0.1, Llama's attention_dropout 0 and
+    no residual dropout; configs/finetune_gpt2.py leaves the rates None, so each run keeps its
+    checkpoint's, and a rate given on the command line wins."""
+
+    def rates(family, **model):
+        config = finetune_gpt2.get_config()
+        config.update(init_from=str(model_dirs[family]), corpus="text", corpus_path=str(corpus))
+        config.model.update(model)
+        model = config_lib.validate_config(config).model
+        return model.dropout_rate, model.attention_dropout_rate
+
+    assert rates("gpt2") == (0.1, 0.1)
+    assert rates("llama") == (0.0, 0.0)
+    assert rates("gpt2", dropout_rate=0.0) == (0.0, 0.1)
+    assert rates("llama", dropout_rate=0.2, attention_dropout_rate=0.05) == (0.2, 0.05)

@@ -25,6 +25,7 @@ from flax_transformer.functional import (
     dot_product_attention,
     feed_forward,
     gelu,
+    gelu_tanh,
     layer_norm,
     multi_head_attention,
     padding_mask,
@@ -509,6 +510,51 @@ class GeluTest(chex.TestCase):
     def test_keeps_bfloat16(self):
         out = gelu(jnp.linspace(-3, 3, 7, dtype=jnp.bfloat16))
         self.assertEqual(out.dtype, jnp.bfloat16)
+
+    @parameterized.named_parameters(
+        # Unit roundoff of the dtype (8 and 11 significant bits), plus float32's own error
+        # where |gelu| > 1e-2 (2.6e-5 relative, at x = -2.67).
+        ("gelu_bfloat16", "gelu", jnp.bfloat16, 2.0**-8 + 3e-5),
+        ("gelu_float16", "gelu", jnp.float16, 2.0**-11 + 3e-5),
+        ("gelu_tanh_bfloat16", "gelu_tanh", jnp.bfloat16, 2.0**-8 + 3e-5),
+        ("gelu_tanh_float16", "gelu_tanh", jnp.float16, 2.0**-11 + 3e-5),
+    )
+    def test_low_precision_is_one_rounding_of_the_exact_value(self, name, dtype, bound):
+        """Issue 52: `1 + erf(x / sqrt 2)` computed in bfloat16 cancelled, 18.2% off at
+        x = -2.58 (-0.01514 against -0.01281); the same for the tanh form. Computed in
+        float32 and rounded once, every value with |gelu| > 1e-2 over [-6, 6] is within
+        the dtype's unit roundoff (torch's bfloat16 GELU: 0.38%)."""
+        x = jnp.linspace(-6.0, 6.0, 20001).astype(dtype)
+        x64 = np.asarray(x.astype(jnp.float32), np.float64)
+        if name == "gelu":
+            want = x64 * 0.5 * (1.0 + np.vectorize(math.erf)(x64 / math.sqrt(2.0)))
+        else:
+            want = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+        fn = {"gelu": gelu, "gelu_tanh": gelu_tanh}[name]
+        for out in (fn(x), jax.jit(fn)(x)):
+            self.assertEqual(out.dtype, dtype)
+            got = np.asarray(out.astype(jnp.float32), np.float64)
+            big = np.abs(want) > 1e-2
+            worst = np.max(np.abs(got - want)[big] / np.abs(want[big]))
+            self.assertLessEqual(worst, bound)
+        # The gradient is computed in float32 as well, and rounded once.
+        grad = jax.vmap(jax.grad(fn))(x)
+        self.assertEqual(grad.dtype, dtype)
+        grad32 = jax.vmap(jax.grad(fn))(x.astype(jnp.float32)).astype(dtype)
+        np.testing.assert_array_equal(grad, grad32)
+
+    def test_float32_is_the_erf_form_bit_for_bit(self):
+        """The fix is for narrower dtypes: float32 keeps issue 42's erf form exactly."""
+        x = jnp.asarray(_normal(5, (4096,)) * 3.0)
+
+        def erf_form(x):  # functional.gelu of issue 42, written in the input's dtype
+            half = jnp.asarray(0.5, x.dtype)
+            return half * x * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
+        np.testing.assert_array_equal(jax.jit(gelu)(x), jax.jit(erf_form)(x))
+        np.testing.assert_array_equal(
+            jax.jit(gelu_tanh)(x), jax.jit(lambda x: jax.nn.gelu(x, approximate=True))(x)
+        )
 
 
 class ProjectTest(chex.TestCase):

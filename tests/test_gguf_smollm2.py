@@ -107,3 +107,37 @@ def test_greedy_continuation_equals_transformers_generate(source, transformers):
         )[0, len(ids) :].tolist()
     assert np.asarray(ours)[0].tolist() == theirs
     assert tokenizer.decode(theirs).startswith(" Paris.")
+
+
+def test_a_run_of_the_shipped_config_frames_and_trains_as_the_model_was_pretrained(source):
+    """configs/finetune_smollm2.py: no BOS before the text (SmolLM2's tokenizer adds none),
+    no dropout (the checkpoint has none), so at learning rate 0 the train step's loss on a
+    batch is the evaluation loss of the same batch (dropout 0.1 made it 8.9 against 3.9)."""
+    from configs import finetune_smollm2
+    from train import train_lib
+    from train.program import steps, tasks
+
+    config = finetune_smollm2.get_config()
+    config.update(learning_rate=0.0, batch_size=2, max_len=32, max_decode_len=8)
+    experiment = config_lib.validate_config(config)
+    model = experiment.model
+    assert (model.dropout_rate, model.attention_dropout_rate) == (0.0, 0.0)
+    tokenizer = source_tokenizer(source)
+    assert not tokenizer.specials.starts_with_bos
+    verse = load_kjv_lines()[0]
+    ids = tokenizer.encode(verse)
+    assert tokenizer.specials.document(ids) == [*ids, tokenizer.eos_id]
+    task = tasks.get_task("lm")
+    mesh = train_lib.make_mesh(experiment.run.mesh_shape)
+    program = train_lib.build_program(experiment, task, mesh, model.vocab_size, unk_id=0)
+    loaded, _ = weights.load_weights(source, model)
+    state = steps.create_train_state(
+        program.model, task, program.tx, mesh, 0, experiment.run.rng_impl, pretrained=loaded
+    )
+    window = np.asarray((ids * 4)[:33], np.int32)
+    batch = {"inputs": np.stack([window[:-1]] * 2), "targets": np.stack([window[1:]] * 2)}
+    evaluated = program.eval_step(state.params, program.put_batch(batch))
+    _, trained = program.train_step(state, program.put_batch(batch))
+    eval_loss = float(evaluated["loss"] / evaluated["tokens"])
+    train_loss = float(trained["loss"] / trained["tokens"])
+    assert abs(train_loss - eval_loss) <= 1e-5 * eval_loss, (train_loss, eval_loss)

@@ -60,6 +60,31 @@ def test_feed_forward_shapes_and_relu():
     chex.assert_trees_all_close(y, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh"])
+def test_bfloat16_feed_forward_gelu_is_one_rounding_of_the_exact_value(activation):
+    """Issue 52: FeedForward(activation='gelu', dtype=bfloat16) was 18% off where GELU is
+    small and negative. With identity kernels and no bias the layer is its activation (a
+    bfloat16 matmul by the identity is exact), so every output with |gelu| > 1e-2 must be
+    within bfloat16's unit roundoff, 2**-8, of the float64 value (float32's own error in
+    the erf form is 2.6e-5 there)."""
+    import math
+
+    width = 64
+    x = jnp.linspace(-6.0, 6.0, 50 * width).reshape(1, 50, width).astype(jnp.bfloat16)
+    module = FeedForward(d_ff=width, activation=activation, use_bias=False, dtype=jnp.bfloat16)
+    eye = jnp.eye(width)
+    y = module.apply({"params": {"wi_kernel": eye, "wo_kernel": eye}}, x)
+    assert y.dtype == jnp.bfloat16
+    x64 = np.asarray(x.astype(jnp.float32), np.float64)
+    if activation == "gelu":
+        want = x64 * 0.5 * (1.0 + np.vectorize(math.erf)(x64 / math.sqrt(2.0)))
+    else:
+        want = 0.5 * x64 * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x64 + 0.044715 * x64**3)))
+    got = np.asarray(y.astype(jnp.float32), np.float64)
+    big = np.abs(want) > 1e-2
+    assert np.max(np.abs(got - want)[big] / np.abs(want[big])) <= 2.0**-8 + 3e-5
+
+
 def test_self_attention_parameter_shapes():
     x = jnp.ones((B, T, D))
     params = _init(MultiHeadAttention(num_heads=N), x)["params"]

@@ -3,6 +3,10 @@ shapes, a fresh adapter changes nothing, merge_lora computes what the adapters c
 lora_mask freezes the base under optax, lora_param_count counts the leaves, cached
 decoding uses the adapted kernels."""
 
+import re
+import warnings
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -370,6 +374,78 @@ def test_one_adam_step_under_the_mask_changes_only_adapters(case):
             np.testing.assert_array_equal(after[name], before[name], err_msg=name)
     # The base had gradients: the mask, not a dead path, is what kept it still.
     assert any(float(jnp.max(jnp.abs(g[n]))) > 0 for n in g if not mask[n] and "kernel" in n)
+
+
+def _api_section(heading: str) -> str:
+    api = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    section = api[api.index(heading) :]
+    return " ".join(section[: section.index("\n### ", 1)].split())
+
+
+def test_optax_masked_moves_the_base_and_the_docs_warn_of_it():
+    """Issue 52: `optax.masked(opt, lora_mask(p))` passes the base's raw gradients through
+    as updates (optax's semantics for unmasked leaves), so every base tensor moves; the
+    documented `multi_transform` + `set_to_zero` keeps them. docs/api.md must say so."""
+    config = LLAMA.replace(lora_rank=2, lora_targets=("q", "v"))
+    model, variables = _init(config, True)
+    params = _perturbed(variables)["params"]
+
+    def loss_fn(p):
+        logits = model.apply({"params": p}, TOKENS)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, TOKENS).mean()
+
+    grads = jax.grad(loss_fn)(params)
+    mask = lora_mask(params)
+    labels = jax.tree.map(lambda m: "lora" if m else "frozen", mask)
+    documented = {"lora": optax.adam(1e-2), "frozen": optax.set_to_zero()}
+    for tx, base_moves in (
+        (optax.masked(optax.adam(1e-2), mask), True),
+        (optax.multi_transform(documented, labels), False),
+    ):
+        updates, _ = tx.update(grads, tx.init(params), params)
+        new = optax.apply_updates(params, updates)
+        flat_mask, before, after = _flat(mask), _flat(params), _flat(new)
+        moved = [n for n in before if not flat_mask[n] and np.any(after[n] != before[n])]
+        assert bool(moved) == base_moves, (tx, moved)
+    section = _api_section("### `lora_mask(")
+    assert "optax.masked" in section and re.search(r"optax\.masked[^.]*(every|all) base", section)
+
+
+def test_merge_lora_takes_alpha_from_the_config_and_the_docs_say_so():
+    """Issue 52: alpha is not in the params, so `merge_lora` with another `lora_alpha`
+    than the training one merges at another scale without a word (logits 0.17 apart in the
+    issue). Decision: alpha stays a config field (it is one of PEFT's config, not its
+    weights); `merge_lora`'s docstring and docs/api.md say so, loudly."""
+    config = GPT2.replace(lora_rank=2, lora_alpha=4.0, lora_targets=("q", "v"))
+    model, params = _init(config, True)
+    params = _perturbed(params)
+    adapted = model.apply(params, TOKENS)
+    base = DecoderOnlyTransformer(GPT2)
+    right = base.apply(merge_lora(config, params)[1], TOKENS)
+    wrong = base.apply(merge_lora(config.replace(lora_alpha=8.0), params)[1], TOKENS)
+    np.testing.assert_allclose(right, adapted, atol=1e-5)
+    assert float(jnp.max(jnp.abs(wrong - adapted))) > 1e-2  # no error: only the docs can warn
+    for text in (" ".join(merge_lora.__doc__.split()), _api_section("### `merge_lora(")):
+        assert re.search(r"lora_alpha[^.]*not (stored )?in the param", text), text
+
+
+def test_adapters_larger_than_their_kernel_are_named_in_a_warning():
+    """Issue 52: `lora_rank=64` on `d_model=16` built adapters four times the base model
+    without a word. Decision: a UserWarning per adapter larger than the kernel it adapts
+    (LoRA then saves nothing), saying when the rank is also beyond min(fan in, fan out),
+    the most A @ B can use; not an error, since the numbers are right (PEFT accepts it)."""
+    config = GPT2.replace(lora_rank=64, lora_targets=("q", "up"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _init(config, True)
+    text = " ".join(str(w.message) for w in seen if issubclass(w.category, UserWarning))
+    assert re.search(r"lora_rank=64 on a \(16 -> 16\) kernel .* 2,048 parameters, .* 256 ", text)
+    assert "(16 -> 24)" in text and "A @ B has rank at most 16" in text
+    base_size = sum(x.size for x in jax.tree.leaves(_init(GPT2, True)[1]))
+    assert lora_param_count(config, decoder_only=True) > base_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # rank 8 on 16 x 16: as large as the kernel, no more
+        _init(GPT2.replace(lora_rank=8, lora_targets=("q", "o")), True)
 
 
 # --- counting -----------------------------------------------------------------------

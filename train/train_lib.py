@@ -354,6 +354,14 @@ def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) ->
     if distributed.is_primary() and not (run.pretrained / sources.CONFIG_FILE).is_file():
         sources.snapshot(source, run.pretrained)
     distributed.barrier("pretrained-snapshot")
+    model, pretrained = experiment.model, config_lib.source_model(source)
+    rates = (model.dropout_rate, model.attention_dropout_rate)
+    own = rates == (pretrained.dropout_rate, pretrained.attention_dropout_rate)
+    logging.info(
+        "Dropout: %g on residuals and embeddings, %g on attention weights (%s).",
+        *rates,
+        "the pretrained model's own" if own else "--config.model's, not the pretrained model's",
+    )
     return source
 
 

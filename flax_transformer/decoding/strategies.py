@@ -156,7 +156,14 @@ class TokenByToken(Strategy):
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class Greedy(TokenByToken):
-    """The most likely token at every step (argmax; ties go to the lowest token id)."""
+    """The most likely token at every step (argmax; ties go to the lowest token id) among
+    all tokens but `pad_id`.
+
+    Every strategy never emits `pad_id`: it is masked out of each step's logits (the model
+    masks padding keys, so a generated pad could not be read back), and only fills the
+    positions after a sequence's EOS. Where pad is the most likely token, the argmax is the
+    most likely other one.
+    """
 
     def next_tokens(self, logits_BV, rng):
         return argmax_first(logits_BV)
@@ -174,7 +181,8 @@ class Greedy(TokenByToken):
 class Sample(TokenByToken):
     """A token drawn from softmax(logits / temperature), optionally from the top tokens only.
 
-    Needs a PRNG key: `rng=` of the generation function.
+    Needs a PRNG key: `rng=` of the generation function. `pad_id` is never drawn (as in
+    `Greedy`).
 
     Attributes:
       temperature: finite, > 0; below 1 sharpens the distribution, above 1 flattens it
@@ -244,6 +252,8 @@ class Beam(Strategy):
     `((5 + n) / 6) ** length_penalty` (Wu et al. 2016), n the tokens generated, EOS
     included. A finished hypothesis is never pushed out by a live one; the search stops
     when no live hypothesis can still beat the worst finished one (`search.beam_search`).
+    `pad_id` is masked before the log-softmax, so no hypothesis extends with it (as in
+    `Greedy`).
 
     Attributes:
       size: K, an int >= 1. `Beam(1, 0.0)` gives the tokens of `Greedy()` through the beam

@@ -19,6 +19,7 @@ from flax_transformer.functional.feed_forward import (
     feed_forward,
     gated_feed_forward,
     gelu,
+    gelu_tanh,
     relu_squared,
 )
 from flax_transformer.functional.lora import lora_delta
@@ -57,6 +58,7 @@ __all__ = [
     "feed_forward",
     "gated_feed_forward",
     "gelu",
+    "gelu_tanh",
     "keep_mask",
     "label_smoothed_cross_entropy",
     "layer_norm",

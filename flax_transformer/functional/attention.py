@@ -140,7 +140,8 @@ def dot_product_attention(
       when an input is float64 (`softmax_dtype`); `out` is cast back to `q.dtype` and
       `weights` stays in the softmax dtype. A query row that may attend to no key gets
       all-zero weights and a zero output (never NaN), and a key that no query may attend
-      to (padding) never reaches the output, even if its value is NaN or inf. (A NaN value
+      to (padding) never reaches the output or a gradient, even if its key or value is NaN
+      or inf. (A NaN value
       that some query sees still reaches that query, as it should; and under causal masking
       it also reaches earlier queries through their zero weights: 0 * NaN.)
 
@@ -179,6 +180,13 @@ def dot_product_attention(
         scale = check_number(fn, "scale", scale)
 
     dtype = softmax_dtype(q.dtype, k.dtype)
+    if mask is not None:
+        # A zero weight times a NaN or inf value is NaN: the keys and values of keys that
+        # no query may see (padding) are replaced, not multiplied by zero, so they never
+        # reach the output whatever they hold, nor the queries' gradient (dq = dscores k).
+        seen_S1 = jnp.any(mask_TS, axis=0)[:, None]
+        k = jnp.where(seen_S1, k, jnp.zeros((), k.dtype))
+        v = jnp.where(seen_S1, v, jnp.zeros((), v.dtype))
     scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
     scores_TS = scores_TS.astype(dtype) * scale
     if mask is not None:
@@ -186,10 +194,6 @@ def dot_product_attention(
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
         # A row with no visible key would otherwise be uniform over masked keys.
         weights_TS = jnp.where(mask_TS, weights_TS, 0.0)
-        # A zero weight times a NaN or inf value is NaN: the values of keys that no query
-        # may see (padding) are replaced, not multiplied by zero, so they never reach the
-        # output whatever they hold.
-        v = jnp.where(jnp.any(mask_TS, axis=0)[:, None], v, jnp.zeros((), v.dtype))
     else:
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
 

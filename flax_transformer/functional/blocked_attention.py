@@ -14,8 +14,14 @@ probabilities from them, so no `T x S` array is kept for the gradient either.
 
 Masks come as their parts (`AttentionMask`: padding keys, causal flag, segment ids), never
 dense: each block's mask is built from positions and ids. A query that sees no key gets
-zeros (as the reference). Grouped-query heads are repeated to N heads first. No weights are
-returned: `attention_op` runs the reference when they are asked for.
+zeros (as the reference). A key that no query sees (padding) has its key and value replaced
+by zeros in each block before they are multiplied, forward and backward, so NaN or inf
+there never reaches the output or a gradient (a zero weight times NaN is NaN). Grouped-query
+heads are repeated to N heads first. No weights are returned: `attention_op` runs the
+reference when they are asked for.
+
+The scores, the running statistics and the sums are float32 for float32, bfloat16 and
+float16 inputs, float64 when an input is float64 (`softmax_dtype`, as the reference).
 
 Dropout on the weights (`dropout_rate`, `dropout_rng`) is drawn block by block: block j's
 keep mask is `functional.dropout.keep_mask(fold_in(dropout_rng, j), rate, (B, N, T,
@@ -33,7 +39,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from flax_transformer.functional.dropout import drop_threshold, dropout
+from flax_transformer.checks.arguments import check_int
+from flax_transformer.functional.attention import check_dropout, softmax_dtype
+from flax_transformer.functional.dropout import dropout
+from flax_transformer.functional.masks import check_causal_lengths
 
 # Keys per scan step: scores of a (T, 128) block stay in cache for T up to a few thousand.
 DEFAULT_BLOCK = 128
@@ -53,6 +62,14 @@ def _block_valid(j, block, kv_len, causal, q_len, key_valid_BS, q_seg_BT, kv_seg
         same = (q_seg_BT[:, :, None] == kv_BK[:, None, :]) & (kv_BK[:, None, :] != 0)
         valid = valid & same[:, None]
     return valid
+
+
+def _seen_only(valid, k_BKNH, v_BKNH):
+    """Keys and values of the block with those no query sees (all of `valid`'s T) zeroed:
+    selected, not multiplied by a zero weight, so NaN or inf there stays out."""
+    seen_BK11 = valid.any(axis=(1, 2))[:, :, None, None]
+    zero = jnp.zeros((), k_BKNH.dtype)
+    return jnp.where(seen_BK11, k_BKNH, zero), jnp.where(seen_BK11, v_BKNH, zero)
 
 
 def _padded(x, axis, size):
@@ -79,20 +96,22 @@ def _dropped(p_BNTK, j, dropout_key, rate):
 
 def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
     q_len = q_BTNH.shape[1]
+    dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
-    qs_BTNH = q_BTNH.astype(jnp.float32) * scale
+    qs_BTNH = q_BTNH.astype(dtype) * scale
     b, _, n, h = q_BTNH.shape
     init = (
-        jnp.full((b, n, q_len), -jnp.inf, jnp.float32),  # running max m
-        jnp.zeros((b, n, q_len), jnp.float32),  # running sum l
-        jnp.zeros((b, n, q_len, v_BSNH.shape[-1]), jnp.float32),  # running values
+        jnp.full((b, n, q_len), -jnp.inf, dtype),  # running max m
+        jnp.zeros((b, n, q_len), dtype),  # running sum l
+        jnp.zeros((b, n, q_len, v_BSNH.shape[-1]), dtype),  # running values
     )
 
     def step(carry, xs):
         m_BNT, l_BNT, acc_BNTH = carry
         j, k_BKNH, v_BKNH = xs
-        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(jnp.float32))
         valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
+        k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
+        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(dtype))
         s_BNTK = jnp.where(valid, s_BNTK, -jnp.inf)
         new_m = jnp.maximum(m_BNT, s_BNTK.max(-1))
         safe_m = jnp.where(jnp.isfinite(new_m), new_m, 0.0)  # no key seen yet: any shift
@@ -100,7 +119,7 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, 
         rescale = jnp.exp(m_BNT - safe_m)
         l_BNT = l_BNT * rescale + p_BNTK.sum(-1)
         acc_BNTH = acc_BNTH * rescale[..., None] + jnp.einsum(
-            "bntk,bknh->bnth", _dropped(p_BNTK, j, dropout_key, rate), v_BKNH.astype(jnp.float32)
+            "bntk,bknh->bnth", _dropped(p_BNTK, j, dropout_key, rate), v_BKNH.astype(dtype)
         )
         return (new_m, l_BNT, acc_BNTH), None
 
@@ -129,18 +148,22 @@ def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_le
 def _attend_bwd(causal, block, kv_len, rate, res, dout_BTNH):
     q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT = res
     q_len = q_BTNH.shape[1]
+    dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
-    qs_BTNH = q_BTNH.astype(jnp.float32) * scale
-    dout_BTNH = dout_BTNH.astype(jnp.float32)
+    qs_BTNH = q_BTNH.astype(dtype) * scale
+    dout_BTNH = dout_BTNH.astype(dtype)
     # D_t = sum_h dout * out = sum_s p_ts dp_ts: the softmax backward's subtracted term
     # (with dropout Z: out = (p Z) v and dp = (dout v^T) Z, so still sum_h dout * out).
-    d_BNT = jnp.einsum("btnh,btnh->bnt", dout_BTNH, out_BTNH.astype(jnp.float32))
+    d_BNT = jnp.einsum("btnh,btnh->bnt", dout_BTNH, out_BTNH.astype(dtype))
 
     def step(dq_BTNH, xs):
         j, k_BKNH, v_BKNH = xs
-        k_BKNH, v_BKNH = k_BKNH.astype(jnp.float32), v_BKNH.astype(jnp.float32)
-        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH)
         valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
+        # Zeroed as in the forward pass: dq sums ds * k and dp is dout . v, where a zero
+        # ds or p times a NaN key or value would be NaN.
+        k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
+        k_BKNH, v_BKNH = k_BKNH.astype(dtype), v_BKNH.astype(dtype)
+        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH)
         p_BNTK = jnp.where(valid, jnp.exp(s_BNTK - lse_BNT[..., None]), 0.0)
         pz_BNTK = _dropped(p_BNTK, j, dropout_key, rate)
         dv_BKNH = jnp.einsum("bntk,btnh->bknh", pz_BNTK, dout_BTNH)
@@ -196,15 +219,28 @@ def blocked_attention(
       k_BSKH, v_BSKH: keys and values `(B, S, K, H)`, K dividing N.
       key_valid_BS: bool `(B, S)`, True for real keys; None: all.
       q_segments_BT, kv_segments_BS: int segment ids (0 = padding), both or neither.
-      causal: query t sees keys s <= t only (T == S).
-      block: keys per scan step (S is padded up to a multiple of it, the padding masked).
-      dropout_rate, dropout_rng: dropout on the attention weights (to 2**-16, see
-        `functional.dropout`), drawn per key block (module docstring); off when the key is
-        None or the rate 0.
+      causal: query t sees keys s <= t only; self-attention, T == S (ValueError
+        otherwise, as `AttentionMask.dense`).
+      block: keys per scan step, an int >= 1 (S is padded up to a multiple of it, the
+        padding masked).
+      dropout_rate, dropout_rng: dropout on the attention weights, the rate in [0, 1) (to
+        2**-16, see `functional.dropout`), drawn per key block (module docstring); off when
+        the key is None or the rate 0.
 
     Returns:
-      `(B, T, N, H)` in the queries' dtype; zeros for a query that sees no key.
+      `(B, T, N, H)` in the queries' dtype, computed in float32 (float64 if an input is
+      float64); zeros for a query that sees no key. A key that no query sees never reaches
+      the output or the gradients, whatever its key and value hold (NaN, inf).
+
+    Raises:
+      ValueError: K does not divide N; segment ids not both or neither; `causal` with
+        T != S; `block` < 1; `dropout_rate` outside [0, 1). TypeError: `block` not an int.
     """
+    fn = "blocked_attention"
+    check_int(fn, "block", block, low=1, what=f">= 1 (keys per scan step; {DEFAULT_BLOCK} default)")
+    check_dropout(fn, dropout_rate)
+    if causal:
+        check_causal_lengths(f"{fn}: causal=True", q_BTNH.shape[1], k_BSKH.shape[1])
     heads, kv_heads = q_BTNH.shape[2], k_BSKH.shape[2]
     if heads % kv_heads:
         raise ValueError(
@@ -227,7 +263,6 @@ def blocked_attention(
         None if kv_segments_BS is None else _padded(kv_segments_BS, 1, padded),
     )
     rate = float(dropout_rate) if dropout_rng is not None else 0.0
-    drop_threshold(rate)  # refuses a rate outside [0, 1), by name
     if dropout_rng is None:
         dropout_rng = jax.random.key(0)  # unused at rate 0
     elif not jnp.issubdtype(jnp.asarray(dropout_rng).dtype, jax.dtypes.prng_key):

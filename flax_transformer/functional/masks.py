@@ -148,6 +148,21 @@ def segment_mask(q_segments: jax.Array, k_segments: jax.Array) -> jax.Array:
     return mask_TS[:, None] if batched else mask_TS
 
 
+def check_causal_lengths(what: str, q_len: int, kv_len: int) -> None:
+    """ValueError unless T == S: a causal mask is a self-attention mask.
+
+    `causal_mask(T)` lets query t see keys 0..t; with S != T there is no one position of a
+    key relative to a query (a top-left-aligned mask would be a silent guess), so every
+    place that takes a causal flag refuses it. `what` names the caller's argument.
+    """
+    if q_len != kv_len:
+        raise ValueError(
+            f"{what} is for self-attention, T == S; got T={q_len}, S={kv_len}. For another "
+            "alignment of queries and keys build the bool (T, S) mask itself and pass it to "
+            "multi_head_attention (attention_impl='xla')."
+        )
+
+
 @functools.partial(
     jax.tree_util.register_dataclass,
     data_fields=("key_valid_BS", "q_segments_BT", "kv_segments_BS"),
@@ -187,10 +202,8 @@ class AttentionMask:
             raise ValueError(
                 "AttentionMask needs both q_segments_BT and kv_segments_BS, or neither."
             )
-        if self.causal and q_len != kv_len:
-            raise ValueError(
-                f"a causal AttentionMask is for self-attention, T == S; got T={q_len}, S={kv_len}."
-            )
+        if self.causal:
+            check_causal_lengths("a causal AttentionMask", q_len, kv_len)
         keys = None if self.key_valid_BS is None else self.key_valid_BS[:, None, None, :]
         same = None
         if self.q_segments_BT is not None:

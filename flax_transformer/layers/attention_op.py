@@ -11,8 +11,9 @@ heads here; nothing else knows which kernel runs. The implementations (`attentio
            never a dense mask; grouped-query heads natively.
   cudnn    `jax.nn.dot_product_attention(implementation='cudnn')` (GPU flash attention):
            causal flag plus the dense padding/segment mask.
-  blocked  the flash algorithm in `jax.lax` (`functional.blocked_attention`): key blocks
-           scanned with an online softmax, masks built per block from an `AttentionMask`,
+  blocked  the flash algorithm in `jax.lax`
+           (`functional.blocked_attention.blocked_attention`): key blocks scanned with an
+           online softmax, masks built per block from an `AttentionMask`,
            no `(T, S)` array in the forward or the backward pass; any platform; attention
            dropout drawn per key block. Calls that need the weights or pass a dense mask
            array run `xla` instead.
@@ -36,7 +37,7 @@ from flax_transformer import axes
 from flax_transformer.functional import AttentionMask, broadcast_mask
 from flax_transformer.functional.attention import grouped_heads_attention
 from flax_transformer.functional.blocked_attention import blocked_attention
-from flax_transformer.functional.masks import as_dense
+from flax_transformer.functional.masks import as_dense, check_causal_lengths
 from flax_transformer.layers.platform_guard import refuse_on_cpu
 
 IMPLEMENTATIONS = ("xla", "jax_nn", "splash", "cudnn", "blocked")
@@ -97,6 +98,11 @@ def attention_op(
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"{fn}: attention_impl={impl!r} is not one of {IMPLEMENTATIONS}.")
+    if isinstance(mask, AttentionMask) and mask.causal:
+        # Every implementation, the fused ones included (their causal flag would silently
+        # align the mask top-left): the rule of `AttentionMask.dense`.
+        kv_len = k.shape[3 - kv_head_axis]
+        check_causal_lengths(f"{fn}: a causal AttentionMask", q_BTNH.shape[1], kv_len)
     dropout = dropout_rng is not None and dropout_rate > 0.0
     dense = mask is not None and not isinstance(mask, AttentionMask)
     falls_back = (dropout and impl != "blocked") or need_weights or (impl == "blocked" and dense)
@@ -161,6 +167,10 @@ def _jax_nn(q_BTNH, k_BSKH, v_BSKH, mask, fn):
         # It groups query heads over K < N key/value heads as we do (i // (N // K)).
         return jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH)
     mask = broadcast_mask(mask, batch, num_heads, q_len, k_BSKH.shape[1], fn=fn)
+    # Keys no query of any head sees (padding) are zeroed first, as in 'xla': jax.nn
+    # multiplies them by zero weights, and a zero weight times NaN or inf is NaN.
+    seen_BS11 = jnp.any(mask, axis=(1, 2))[:, :, None, None]
+    k_BSKH, v_BSKH = (jnp.where(seen_BS11, x, jnp.zeros((), x.dtype)) for x in (k_BSKH, v_BSKH))
     out_BTNH = jax.nn.dot_product_attention(q_BTNH, k_BSKH, v_BSKH, mask=mask)
     # A query that sees no key (a packed row's padding) gets zeros, as with 'xla'; jax.nn
     # would give it the mean of all values.

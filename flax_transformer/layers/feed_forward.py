@@ -11,7 +11,13 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
-from flax_transformer.functional import feed_forward, gated_feed_forward, gelu, relu_squared
+from flax_transformer.functional import (
+    feed_forward,
+    gated_feed_forward,
+    gelu,
+    gelu_tanh,
+    relu_squared,
+)
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 from flax_transformer.layers.lora import adapt_kernel
 
@@ -21,7 +27,7 @@ _LORA_TARGET = {"wi_kernel": "up", "wg_kernel": "gate", "wo_kernel": "down"}
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": gelu,  # exact, in the erf form (functional.gelu)
-    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),  # GPT-2's "gelu_new"
+    "gelu_tanh": gelu_tanh,  # GPT-2's "gelu_new" (jax.nn.gelu's tanh approximation)
     "relu2": relu_squared,  # max(0, x)**2 (Primer; the modded-nanogpt speedrun)
 }
 

@@ -14,6 +14,7 @@ exactly as without them. A fused kernel (Q/K/V, K/V) gets one pair per targeted 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import jax
@@ -80,6 +81,32 @@ def _check_fields(rank: Any, alpha: Any, targets: Any) -> None:
         )
 
 
+def _warn_if_larger_than_kernel(rank: int, fan_in: int, fan_out: int) -> None:
+    """UserWarning when an adapter pair, `rank * (fan_in + fan_out)` parameters, is larger
+    than the `fan_in * fan_out` kernel it adapts: LoRA then saves nothing over training the
+    kernel. Not an error: the adapted model computes what it should (PEFT accepts such
+    ranks too), it is only wasteful, and beyond `min(fan_in, fan_out)` the extra rank
+    cannot even be used (rank(A @ B) <= min). Emitted while tracing (init, or the first
+    call of a jitted function), once per message under Python's default filter."""
+    adapter, kernel = rank * (fan_in + fan_out), fan_in * fan_out
+    if adapter <= kernel:
+        return
+    useless = ""
+    if rank > min(fan_in, fan_out):
+        useless = (
+            f", and A @ B has rank at most {min(fan_in, fan_out)}, so the rank beyond that "
+            "adds parameters and nothing else"
+        )
+    warnings.warn(
+        f"LoRA: lora_rank={rank} on a ({fan_in} -> {fan_out}) kernel makes an adapter of "
+        f"{adapter:,} parameters, more than the {kernel:,} of the kernel it adapts{useless}; "
+        f"an adapter is no larger than its kernel up to rank {kernel // (fan_in + fan_out)} "
+        "(lower lora_rank, or fine-tune the kernel itself).",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def adapt_kernel(
     kernel: jax.Array,
     names: tuple[str, ...],
@@ -112,6 +139,8 @@ def adapt_kernel(
     in_shape, in_names = kernel.shape[:in_axes], names[:in_axes]
     out_at = in_axes + 1 if fused else in_axes
     out_shape, out_names = kernel.shape[out_at:], names[out_at:]
+
+    _warn_if_larger_than_kernel(rank, math.prod(in_shape), math.prod(out_shape))
 
     def delta(part: str) -> jax.Array:
         if part not in wanted:

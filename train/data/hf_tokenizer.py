@@ -6,9 +6,12 @@ The ids are the model's: a GPT-2 byte-level BPE id means what it meant in pretra
 the special ids need a decision (`train.data.tokenizer.SpecialIds`):
 
 - **bos / eos**: the model's own, from `config.json` (`bos_token_id`, `eos_token_id`), else
-  from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). GPT-2
-  has one token for both, `<|endoftext|>` (50256): every sequence is framed
-  `[bos, text..., eos]` all the same, so a document is `<|endoftext|> text <|endoftext|>`.
+  from `tokenizer_config.json` (`bos_token`, `eos_token` looked up in the vocabulary). A
+  sequence starts with the BOS only where the model's own tokenizer adds one
+  (`SpecialIds.starts_with_bos`: what tokenizer.json's post-processor adds, as transformers
+  5 decides): Llama's `<s>` yes; GPT-2's `<|endoftext|>` and SmolLM2's `<|im_start|>` (its
+  id 1) no. Every document ends
+  with the EOS, which also separates documents in a packed stream.
 - **pad**: GPT-2 and Llama have no pad token that never occurs in text (a `pad_token_id`,
   where set, is often EOS or `<unk>`), and our models mask every `pad_id` key. As the
   library's importers do (`flax_transformer.interop.load_gpt2`, `load_llama`), the model
@@ -32,6 +35,9 @@ from typing import Any
 
 from train.data.tokenizer import SpecialIds, _check_decodable
 from train.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+
+# A text to ask a post-processor what it adds around any text.
+_PROBE = "a"
 
 
 def _token_id(tokenizer: Any, token: Any) -> int | None:
@@ -163,7 +169,24 @@ class PretrainedTokenizer:
         bos = eos if bos is None else bos
         eos = bos if eos is None else eos
         unk = _token_id(self._tok, tok.get("unk_token"))
-        return SpecialIds(pad=pad_id, bos=bos, eos=eos, unk=pad_id if unk is None else unk)
+        return SpecialIds(
+            pad=pad_id,
+            bos=bos,
+            eos=eos,
+            unk=pad_id if unk is None else unk,
+            starts_with_bos=self._starts_with_bos(bos),
+        )
+
+    def _starts_with_bos(self, bos: int) -> bool:
+        """Whether the tokenizer starts a text with its BOS: what tokenizer.json's
+        post-processor adds. As in transformers 5, which drops tokenizer_config.json's
+        `add_bos_token` wherever a tokenizer.json exists (a GGUF file's flag is written into
+        the post-processor of the tokenizer.json made from it)."""
+        if self._tok.post_processor is None:
+            return False
+        plain = self._tok.encode(_PROBE, add_special_tokens=False).ids
+        framed = self._tok.encode(_PROBE, add_special_tokens=True).ids
+        return len(framed) > len(plain) and framed[0] == bos
 
     @property
     def pad_id(self) -> int:
@@ -189,6 +212,25 @@ class PretrainedTokenizer:
     def encode(self, text: str) -> list[int]:
         """The model's ids of `text`, without special tokens."""
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode(text)` and each token's [start, end) character span in `text` (the Rust
+        tokenizer's offsets: a byte-level token holding part of a character spans all of it),
+        for mapping tokens to the characters a chat template wrote (`train.data.chat`)."""
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+    @property
+    def added_tokens(self) -> dict[str, int]:
+        """The tokens matched whole in any text (special or not; '<|im_end|>',
+        '<|eot_id|>'...): token -> id."""
+        return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids of the added tokens marked special (control tokens)."""
+        decoder = self._tok.get_added_tokens_decoder()
+        return frozenset(i for i, t in decoder.items() if t.special)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """`encode` of each text, in one call (the Rust tokenizer's threads)."""

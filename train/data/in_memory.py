@@ -178,7 +178,7 @@ def build_dataset(
         tokenizer=tokenizer,
         eval_batches=eval_batches,
         valid_examples=ids.valid_texts,
-        chars_per_token=_chars_per_label(task, packer, ids),
+        chars_per_token=_chars_per_label(task, packer, ids, tokenizer.specials),
         sizes=ids.sizes(),
         fingerprint=data_fingerprint(task, texts.train, texts.valid),
         make_stream=lambda seed, saved, start_step: EpochStream(
@@ -298,16 +298,21 @@ def _batch(
     return build_epoch, eval_batches
 
 
-def _chars_per_label(task: Task, packer: Packer, ids: _Examples) -> float:
-    """Characters of the validation texts (as read, nothing added) per validation label: the
-    target ids of each example and the labels the packer adds to them (EOS, and in a stream
-    the next BOS; the stream's first BOS is no label).
+def _chars_per_label(task: Task, packer: Packer, ids: _Examples, specials: SpecialIds) -> float:
+    """Characters of the validation texts (as read, nothing added) per validation label:
+    every token of each example's labelled side but the first (its target ids and EOS, and
+    the BOS where there is one), or in a stream every token but the stream's first.
 
     Validation over every batch sums the nats of exactly these labels, so its mean nats per
     label / ln 2 / this ratio is the nats of the whole validation text / ln 2 / its
     characters: bits per character of the original text, exactly.
     """
-    targets = task.targets(ids.valid)
-    num_labels = sum(len(t) + packer.extra_labels for t in targets) - (packer.extra_labels - 1)
+    lengths = [
+        len(tokens)
+        for example in ids.valid
+        for side, tokens in zip(task.sides, task.to_sides(example, specials), strict=True)
+        if side.labels_key is not None
+    ]
+    num_labels = sum(lengths) - (1 if packer.streams else len(lengths))
     num_chars = sum(len(t) for t in task.targets(ids.valid_texts))
     return num_chars / max(num_labels, 1)

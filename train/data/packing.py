@@ -302,13 +302,14 @@ class Packer:
         name: the `config.packing` value.
         whole_examples: whether a row holds whole examples, so that those longer than
             `max_len` must be dropped first (a stream cuts examples of any length).
-        extra_labels: labels per example besides its target ids: its EOS, and in a stream
-            the next example's BOS too (to count validation characters per label).
+        streams: whether the examples are one stream cut into windows, whose first token
+            alone is no label (else each example's first token is none): to count
+            validation characters per label.
     """
 
     name: str
     whole_examples: bool = True
-    extra_labels: int = 1
+    streams: bool = False
 
     def check(self, data: DataConfig, num_devices: int, share: RowShare):
         """Raises ValueError, before any data is read, for rows that cannot be split over
@@ -416,7 +417,7 @@ class Stream(Packer):
 
     name = "stream"
     whole_examples = False
-    extra_labels = 2
+    streams = True
 
     def check(self, data, num_devices, share):
         if data.batch_size % num_devices:

@@ -70,16 +70,35 @@ _LOSSLESS_PROBE = "  a\tb\n\n c\r\n\x00e\u0301 \u4e16\U0001f600  "
 class SpecialIds:
     """A tokenizer's special ids: padding (masked in attention and the loss), the start and
     end marks the batching puts around every sequence, and the unknown piece (what word
-    dropout writes).
+    dropout writes); and whether a text starts with the start mark.
 
     Attributes:
         pad, bos, eos, unk: the ids; bos may equal eos (GPT-2 marks both with one token).
+        starts_with_bos: a sequence begins with BOS: the tokenizers trained here always, a
+            pretrained model's where its own tokenizer adds one (its post-processor or
+            `add_bos_token`: Llama's yes, GPT-2's and SmolLM2's no), so that the model reads
+            text framed as in its pretraining, never with a BOS it did not see there.
     """
 
     pad: int = PAD_ID
     bos: int = BOS_ID
     eos: int = EOS_ID
     unk: int = UNK_ID
+    starts_with_bos: bool = True
+
+    def document(self, ids: Sequence[int]) -> list[int]:
+        """A document's ids as a training sequence: after the BOS where a sequence starts
+        with one, and ended by the EOS (which also separates documents in a stream)."""
+        start = [self.bos] if self.starts_with_bos else []
+        return [*start, *ids, self.eos]
+
+    def prompt(self, ids: Sequence[int]) -> list[int]:
+        """A prompt's ids as the start of a sequence to continue: after the BOS where a
+        sequence starts with one. An empty prompt of a tokenizer that adds no BOS starts
+        from the EOS, what precedes every document of a packed stream."""
+        if self.starts_with_bos:
+            return [self.bos, *ids]
+        return list(ids) if len(ids) else [self.eos]
 
 
 # The special ids of the tokenizers trained here (bytes, SentencePiece).

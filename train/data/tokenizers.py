@@ -122,12 +122,14 @@ class Vocabulary:
         identity: what the ids mean beyond their count: the SHA-256 of the pretrained
             source's tokenizer definition ('' for bytes and SentencePiece, whose store holds
             its own model).
+        starts_with_bos: documents start with the BOS (`SpecialIds.starts_with_bos`).
     """
 
     kind: str
     size: int
     source: str = ""
     identity: str = ""
+    starts_with_bos: bool = True
 
 
 def vocabulary(data, model_vocab_size: int, source: str | os.PathLike = "") -> Vocabulary:
@@ -145,5 +147,8 @@ def vocabulary(data, model_vocab_size: int, source: str | os.PathLike = "") -> V
     if data.tokenizer != "pretrained":
         return Vocabulary(data.tokenizer, model_vocab_size)
     path = str(source or data.init_from)
-    identity = sources.read_source(path, need_weights=False).tokenizer_sha256()
-    return Vocabulary(data.tokenizer, model_vocab_size, path, identity)
+    pretrained = sources.read_source(path, need_weights=False)
+    starts_with_bos = source_tokenizer(pretrained).specials.starts_with_bos
+    return Vocabulary(
+        data.tokenizer, model_vocab_size, path, pretrained.tokenizer_sha256(), starts_with_bos
+    )

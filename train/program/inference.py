@@ -160,7 +160,8 @@ def sample_text(
         model: a `DecoderOnlyTransformer`.
         params: its parameters.
         tokenizer: the run's tokenizer.
-        prompts: text prompts; each is fed as BOS + its tokens.
+        prompts: text prompts; each is fed as its tokens, after the BOS where the tokenizer
+            starts a sequence with one (`SpecialIds.prompt`).
         options: max_len, max_decode_len, temperature, top_k, top_p (the last two only
             when temperature > 0: greedy decoding has nothing for them to filter), seed.
         rng: PRNG key for sampling (default: key(options.seed)).
@@ -172,14 +173,14 @@ def sample_text(
     Raises:
         ValueError: a prompt leaves no room for new tokens within max_len.
     """
-    rows = [[tokenizer.bos_id, *tokenizer.encode(p)] for p in prompts]
+    rows = [tokenizer.specials.prompt(tokenizer.encode(p)) for p in prompts]
     asked = max_new_tokens or options.max_decode_len
     budgets = continuation_budgets([len(r) for r in rows], options.max_len, asked)
     for index, budget in enumerate(budgets):
         if asked and budget < asked:
             logging.warning(
                 "Prompt %d (%d tokens) leaves room for %d new tokens within max_len=%d: it is "
-                "continued by %d, not %d.", index, len(rows[index]) - 1, budget,
+                "continued by %d, not %d.", index, len(rows[index]), budget,
                 options.max_len, budget, asked,
             )  # fmt: skip
     strategy = text_strategy(options)
@@ -204,7 +205,7 @@ def sample_text(
         generated = np.asarray(jax.device_get(generated))
         for row, index in enumerate(group):
             continuation = cut_at_eos(generated[row], tokenizer.eos_id)
-            outputs[index] = tokenizer.decode(rows[index][1:] + continuation)
+            outputs[index] = tokenizer.decode(rows[index] + continuation)  # specials dropped
     return outputs
 
 

@@ -433,7 +433,7 @@ class LanguageModelTask(Task):
         return [NUM_SPECIAL_IDS] * (length - 1)
 
     def to_sides(self, example, specials=DEFAULT_SPECIALS):
-        return ([specials.bos, *example, specials.eos],)
+        return (specials.document(example),)
 
     def targets(self, examples):
         return list(examples)
@@ -456,7 +456,7 @@ class LanguageModelTask(Task):
         prompts, decode = evaluation.sample_prompts, evaluation.decode
         if not prompts:
             return
-        lengths = [1 + len(tokenizer.encode(prompt)) for prompt in prompts]
+        lengths = [len(tokenizer.specials.prompt(tokenizer.encode(p))) for p in prompts]
         try:
             budgets = inference.continuation_budgets(lengths, decode.max_len, decode.max_decode_len)
         except ValueError as err:
@@ -466,7 +466,7 @@ class LanguageModelTask(Task):
                 logging.warning(
                     "--config.max_decode_len=%d: the sample prompt %r (%d tokens) leaves room "
                     "for %d new tokens within --config.max_len=%d; it will be continued by %d.",
-                    decode.max_decode_len, prompt, length - 1, budget, decode.max_len, budget,
+                    decode.max_decode_len, prompt, length, budget, decode.max_len, budget,
                 )  # fmt: skip
         inference.check_strategy(
             inference.text_strategy(decode),
@@ -476,7 +476,7 @@ class LanguageModelTask(Task):
         )
 
     def shown_prompt(self, tokenizer, encoded):
-        return None, [tokenizer.bos_id, *encoded]
+        return None, tokenizer.specials.prompt(encoded)
 
     def greedy_continuation(self, model, variables, tokenizer, source, prompt, max_new_tokens):
         del source  # None

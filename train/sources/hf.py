@@ -4,7 +4,8 @@ GPT-2 and the Llama family (Llama, Mistral).
 - **the model config**: `config.json`, read as JSON (no `transformers` at run time) with
   `transformers`' own defaults for the keys an older checkpoint leaves out (`HF_DEFAULTS`),
   then converted by the library's `gpt2_config` / `llama_config`, so a fine-tuned model is
-  the model the library's tested importers build (vocabulary V + 1: the added pad id V).
+  the model the library's tested importers build (vocabulary V + 1: the added pad id V),
+  with the dropout rates the checkpoint was pretrained with (`checkpoint_dropout`).
 - **the tokenizer files**: `tokenizer.json` and its companions (`TOKENIZER_FILES`), read by
   `train.data.hf_tokenizer`.
 - **the weights**: `model.safetensors` or its shards; only checked to be there here, read by
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import pathlib
 import shutil
 import types
@@ -31,11 +33,15 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Where transformers 5 saves a model's chat template (beside tokenizer_config.json, which then
+# holds none; `train.data.chat_template`).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # The files of a Hugging Face tokenizer: copied with a run (`train.sources.snapshot`) and
 # written by `train.export`.
 TOKENIZER_FILES = (
     TOKENIZER_FILE,
     TOKENIZER_CONFIG_FILE,
+    CHAT_TEMPLATE_FILE,
     "special_tokens_map.json",
     "generation_config.json",
 )
@@ -62,6 +68,9 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
         "bos_token_id": 50256,
         "eos_token_id": 50256,
+        "resid_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
     },
     "llama": {
         "vocab_size": 32000,
@@ -80,6 +89,7 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        "attention_dropout": 0.0,
     },
     "mistral": {
         "vocab_size": 32000,
@@ -96,6 +106,7 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
         "sliding_window": 4096,
         "bos_token_id": 1,
         "eos_token_id": 2,
+        "attention_dropout": 0.0,
     },
 }
 
@@ -185,9 +196,42 @@ def convert_config(path: Any, model_type: str, hf_config: Mapping[str, Any]) -> 
     """
     convert = gpt2_config if FAMILIES[model_type] == "gpt2" else llama_config
     try:
-        return convert(_hf_namespace(hf_config))
+        model = convert(_hf_namespace(hf_config))
+        return dataclasses.replace(model, **checkpoint_dropout(model_type, hf_config))
     except (ValueError, TypeError) as err:
         raise fail(path, f"{err}".rstrip(".")) from None
+
+
+# The config.json keys of each family's dropout rates: residual and embedding, attention.
+DROPOUT_KEYS = {
+    "gpt2": ("resid_pdrop", "attn_pdrop"),
+    "llama": (None, "attention_dropout"),
+    "mistral": (None, "attention_dropout"),
+}
+
+
+def checkpoint_dropout(model_type: str, hf_config: Mapping[str, Any]) -> dict[str, float]:
+    """The dropout rates the checkpoint was pretrained with, as TransformerConfig fields: a
+    run from it keeps them unless `--config.model.dropout_rate` (or `attention_dropout_rate`)
+    says otherwise. GPT-2 names three (`resid_pdrop`, `embd_pdrop`, `attn_pdrop`, 0.1 by
+    default); our residual and embedding dropout are one rate, `resid_pdrop` (a warning names
+    an `embd_pdrop` that differs). The Llama family has no residual dropout and an
+    `attention_dropout` of 0 by default.
+    """
+    residual, attention = DROPOUT_KEYS[model_type]
+    rates = {
+        "dropout_rate": float(hf_config.get(residual) or 0.0) if residual else 0.0,
+        "attention_dropout_rate": float(hf_config.get(attention) or 0.0),
+    }
+    if model_type == "gpt2" and hf_config.get("embd_pdrop") != hf_config.get("resid_pdrop"):
+        logging.warning(
+            "config.json has embd_pdrop=%s and resid_pdrop=%s; the model has one rate for the "
+            "embeddings and the residuals: %s (set --config.model.dropout_rate to choose).",
+            hf_config.get("embd_pdrop"),
+            hf_config.get("resid_pdrop"),
+            rates["dropout_rate"],
+        )
+    return rates
 
 
 def _check_weights(directory: pathlib.Path) -> None:

@@ -18,7 +18,7 @@ worker processes, whose state would depend on their count.
 `packing='stream'` gives the windows as they are (attention crossing documents, as in GPT
 training); `packing='segments'` gives the same windows with segment ids, one per document
 piece (1, 2, ... within a window), so attention and positions stay within each document, and
-the label of each document's EOS (the next document's BOS) masked.
+the label of each document's EOS (the next document's first token) masked.
 
 Validation reads the validation split's windows in order, unshuffled, and its last partial
 window padded: every validation token is scored, so bits per character are exact.
@@ -289,8 +289,8 @@ def open_store_dataset(
 def _chars_per_label(store: TokenStore, segments: bool) -> float:
     """Characters of the validation documents per validation label. Validation scores every
     token after the first (the tail window included), less, with segments, the label of each
-    document boundary (EOS -> the next BOS); the store counts one line break per document
-    beside its text, which is no character of it."""
+    document boundary (EOS -> the next document's first token); the store counts one line
+    break per document beside its text, which is no character of it."""
     docs = store.num_documents("valid")
     labels = store.num_tokens("valid") - 1 - (docs - 1 if segments else 0)
     return (store.num_chars("valid") - docs) / max(labels, 1)

@@ -141,8 +141,8 @@ def _map(fn, args: list, workers: int):
 
 
 class _SplitWriter:
-    """Appends documents (BOS ids EOS, the tokenizer's `specials`) to a split's token and
-    offset files."""
+    """Appends documents (BOS ids EOS, or ids EOS where the tokenizer starts a sequence with no
+    BOS: `SpecialIds.document`) to a split's token and offset files."""
 
     def __init__(self, folder: pathlib.Path, split: str, dtype: np.dtype, specials: SpecialIds):
         tokens_name, docs_name = split_files(split)
@@ -153,13 +153,15 @@ class _SplitWriter:
         self.tokens = self.docs = self.chars = 0
 
     def add(self, docs_ids: list[list[int]], texts: list[str]) -> None:
-        lengths = np.fromiter((len(ids) + 2 for ids in docs_ids), np.int64, len(docs_ids))
+        start = int(self.specials.starts_with_bos)  # the BOS, where a sequence starts with one
+        lengths = np.fromiter((len(ids) + start + 1 for ids in docs_ids), np.int64, len(docs_ids))
         starts = self.tokens + np.cumsum(lengths) - lengths
         flat = np.empty((int(lengths.sum()),), self.dtype)
         position = 0
         for ids, length in zip(docs_ids, lengths, strict=True):
-            flat[position] = self.specials.bos
-            flat[position + 1 : position + length - 1] = ids
+            if start:
+                flat[position] = self.specials.bos
+            flat[position + start : position + length - 1] = ids
             flat[position + length - 1] = self.specials.eos
             position += length
         self.files[0].write(flat.tobytes())

@@ -8,8 +8,9 @@ names one (`--config.store_dir`) reads it through `train.store.store_pipeline`. 
       tokenizer.model          the SentencePiece model (absent for the byte tokenizer)
       pretrained/              a pretrained model's tokenizer files (tokenizer 'pretrained')
       shards/00000/            one directory per shard of the input, written whole then renamed
-        train.bin              the train documents' ids, each as BOS ids EOS, end to end
-        train_docs.bin         int64 offset of each train document's first token (its BOS)
+        train.bin              the train documents' ids, each as BOS ids EOS (ids EOS for a
+                               tokenizer that starts a sequence with no BOS), end to end
+        train_docs.bin         int64 offset of each train document's first token
         valid.bin, valid_docs.bin   the same for the validation documents
         shard.json             counts, byte sizes and SHA-256 of the four files
       store.json               the manifest, written last: its presence means the store is whole
@@ -106,6 +107,7 @@ def store_settings(data, vocabulary: Vocabulary) -> dict:
         "valid_path": data.valid_path,
         "test_path": data.test_path,
         "pretrained_tokenizer": vocabulary.identity,
+        "starts_with_bos": vocabulary.starts_with_bos,
     }
 
 
@@ -128,6 +130,7 @@ _SETTINGS_BEFORE = {
     "valid_path": "",
     "test_path": "",
     "pretrained_tokenizer": "",
+    "starts_with_bos": True,
 }
 
 
@@ -243,7 +246,7 @@ def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
         was = saved.get(name, _SETTINGS_BEFORE.get(name))
         if (
             was != value
-            and name in ("vocab_size", "pretrained_tokenizer")
+            and name in ("vocab_size", "pretrained_tokenizer", "starts_with_bos")
             and (wanted.get("tokenizer") == "pretrained")
         ):
             raise StoreError(

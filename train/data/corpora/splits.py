@@ -106,11 +106,10 @@ def read_splits(data, file_corpus: str) -> Splits:
         CorpusNotFoundError, FileNotFoundError, ValueError: as `load_examples`.
     """
     splits = split_examples(load_examples(data), *data.hash_fractions)
-    if not get_corpus(data.corpus).reads_files:
-        data = dataclasses.replace(data, corpus=file_corpus)
+    reader = data.corpus if get_corpus(data.corpus).reads_files else file_corpus
     for name, path in (("valid", data.valid_path), ("test", data.test_path)):
         if path:
-            splits = splits._replace(
-                **{name: load_examples(dataclasses.replace(data, corpus_path=path))}
-            )
+            # The reader and its path change together: a file corpus's section needs its path.
+            own = dataclasses.replace(data, corpus=reader, corpus_path=path)
+            splits = splits._replace(**{name: load_examples(own)})
     return splits
