@@ -348,7 +348,7 @@ def test_sharded_checkpoints_and_the_scanned_layout_load_the_same_weights(model_
 LORA_TARGETS = ("q", "v", "o", "up", "down")
 
 
-def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_path):
+def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_path, monkeypatch):
     from flax_transformer import lora_param_count
 
     overrides = {"model.lora_rank": 4, "model.lora_targets": LORA_TARGETS}
@@ -369,6 +369,15 @@ def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_pa
     # Adam's two moments for the adapters only.
     moments = sum(x.size for x in jax.tree.leaves(state.opt_state))
     assert 2 * count <= moments < 2 * count + 16
+    # No weight gradient of a frozen matrix is computed: the step takes fewer FLOPs than
+    # the same step differentiated with respect to every parameter.
+    batch = start.program.put_batch(next(start.stream))
+    lean = start.program.train_step.lower(state, batch).compile().cost_analysis()["flops"]
+    monkeypatch.setattr(finetune, "frozen_mask", lambda optimizer, model: None)
+    _, every = _start(config, tmp_path / "every")
+    whole = every.program.train_step.lower(state, batch).compile().cost_analysis()["flops"]
+    monkeypatch.undo()
+    assert lean < whole, (lean, whole)
     # A run, then its export with the adapters merged: transformers' logits equal the
     # unmerged model's.
     config.num_train_steps = 5

@@ -184,6 +184,7 @@ def build_program(
         # An imported checkpoint's added pad id (the last) is no class of its softmax.
         drop_pad_logit=bool(experiment.data.init_from)
         and experiment.model.pad_id == vocab_size - 1,
+        frozen=finetune.frozen_mask(experiment.optimizer, experiment.model) if labels else None,
     )
     eval_params = steps.state_params
     if experiment.optimizer.optimizer == "schedule_free_adamw":
