@@ -41,6 +41,20 @@ sys.path.insert(0, str(ROOT))
 VALID_SHARE = 0.1  # nanoGPT's shakespeare_char: the last 10% of the characters
 
 
+def write_split(workdir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The KJV's text, one verse a line, cut at 90% of its characters: `kjv_train.txt` and
+    `kjv_valid.txt` in `workdir` (created), each one document (see the docstring)."""
+    from train.data.corpora import bibles
+
+    text = "\n".join(bibles.load_kjv_lines()) + "\n"
+    cut = int((1 - VALID_SHARE) * len(text))
+    workdir.mkdir(parents=True, exist_ok=True)
+    train_file, valid_file = workdir / "kjv_train.txt", workdir / "kjv_valid.txt"
+    train_file.write_text(text[:cut], encoding="utf-8")
+    valid_file.write_text(text[cut:], encoding="utf-8")
+    return train_file, valid_file
+
+
 def recipe(steps: int, train_file: pathlib.Path, valid_file: pathlib.Path):
     """lm_kjv's config with nanoGPT's shakespeare_char CPU recipe (see the docstring)."""
     from configs import lm_kjv
@@ -97,16 +111,11 @@ def main() -> None:
     import jax
 
     from train import train_lib
-    from train.data.corpora import bibles
 
-    text = "\n".join(bibles.load_kjv_lines()) + "\n"
-    cut = int((1 - VALID_SHARE) * len(text))
-    train_text, valid_text = text[:cut], text[cut:]
     workdir = pathlib.Path(flags.workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    train_file, valid_file = workdir / "kjv_train.txt", workdir / "kjv_valid.txt"
-    train_file.write_text(train_text, encoding="utf-8")
-    valid_file.write_text(valid_text, encoding="utf-8")
+    train_file, valid_file = write_split(workdir)
+    train_text = train_file.read_text(encoding="utf-8")
+    valid_text = valid_file.read_text(encoding="utf-8")
 
     started = time.time()
     config = recipe(flags.steps, train_file, valid_file)

@@ -1,20 +1,19 @@
 """Shared pieces of the benchmark scripts: the model sizes (training and decoding), timing,
-machine facts."""
+machine facts. Timing and worker processes live in `benchmarks.processes` (no jax there, so a
+torch worker does not import it) and are named here too."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
-import statistics
 import time
-from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.processes import WorkerProcess, median, time_steps  # noqa: F401 (re-exported)
 from flax_transformer import TransformerConfig
 
 
@@ -87,22 +86,6 @@ def model_flops_per_step(size: Size) -> float:
     return float(per_token * size.batch * size.tgt_len + scores)
 
 
-def time_steps(run: Callable[[], object], steps: int, warmup: int = 2) -> list[float]:
-    """Seconds per call of `run` (which must block until its result is ready)."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def matmul_peak_flops(n: int = 1024, dtype=jnp.float32, steps: int = 10) -> float:
     """Achieved FLOP/s of one large jitted square matmul: this machine's practical peak."""
     a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
@@ -130,33 +113,3 @@ def machine_line() -> str:
 
 def random_tokens(shape, vocab: int, seed: int = 0) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape), jnp.int32)
-
-
-class WorkerProcess:
-    """A benchmark worker in a process of its own (each framework apart): started with
-    `args` after `python -m`, it prints one JSON line when ready (kept as `ready`), then
-    answers each `time STEPS` line on its stdin with a JSON list of step times."""
-
-    def __init__(self, args: list[str]):
-        import subprocess
-        import sys
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.ready = json.loads(self._read())
-
-    def _read(self) -> str:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
-        return line
-
-    def time(self, steps: int) -> list[float]:
-        self.process.stdin.write(f"time {steps}\n")
-        self.process.stdin.flush()
-        return json.loads(self._read())
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()

@@ -37,7 +37,8 @@ import statistics
 import subprocess
 import sys
 
-from benchmarks.common import WorkerProcess, machine_line, median, time_steps
+# No jax at import: the torch workers (and benchmarks.speedrun's peer) import this module.
+from benchmarks.processes import WorkerProcess, median, time_steps
 
 VOCAB = 65  # shakespeare_char's vocabulary
 
@@ -105,9 +106,9 @@ def _peer_classes():
             return x_BTD + self.drop(self.down(F.gelu(self.up(self.ln2(x_BTD)))))
 
     class PeerGPT(nn.Module):
-        def __init__(self, r: Recipe, dropout: float):
+        def __init__(self, r: Recipe, dropout: float, vocab: int = VOCAB):
             super().__init__()
-            self.tok = nn.Embedding(VOCAB, r.width)
+            self.tok = nn.Embedding(vocab, r.width)
             self.pos = nn.Embedding(r.block, r.width)
             self.drop = nn.Dropout(dropout)
             self.blocks = nn.ModuleList(Block(r, dropout) for _ in range(r.layers))
@@ -118,13 +119,16 @@ def _peer_classes():
                     std = 0.02 / math.sqrt(2 * r.layers) if residual_out else 0.02
                     nn.init.normal_(p, 0.0, std)
 
-        def forward(self, ids_BT, targets_BT):
+        def logits(self, ids_BT):
             t = ids_BT.shape[1]
             x = self.drop(self.tok(ids_BT) + self.pos(torch.arange(t)))
             for block in self.blocks:
                 x = block(x)
-            logits = self.ln_f(x) @ self.tok.weight.T  # tied output projection
-            return F.cross_entropy(logits.view(-1, VOCAB), targets_BT.reshape(-1))
+            return self.ln_f(x) @ self.tok.weight.T  # tied output projection
+
+        def forward(self, ids_BT, targets_BT):
+            logits = self.logits(ids_BT)
+            return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets_BT.reshape(-1))
 
     return PeerGPT
 
@@ -379,6 +383,8 @@ def main(argv=None) -> None:
     if args.worker:
         return worker(args.worker, args.recipe, float(args.dropout))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from benchmarks.common import machine_line
+
     print(f"# {machine_line()}; recipe {args.recipe}: {RECIPES[args.recipe]}", flush=True)
     variants = args.variants.split(",")
     for dropout in (float(d) for d in args.dropout.split(",")):

@@ -31,14 +31,16 @@ def get_model_config() -> ml_collections.ConfigDict:
     model.attention_dropout_rate = 0.0  # dropout on attention weights
     model.norm_position = "pre"  # 'pre' (stable without long warm-up) or 'post' (the paper)
     model.positional = "sinusoidal"  # 'sinusoidal' (paper), 'learned' (GPT-2) or 'rope'
-    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or
-    # gated (three kernels of hidden width d_ff): 'swiglu' (Llama), 'geglu'
+    model.activation = "relu"  # feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', 'relu2'
+    # (ReLU squared), or gated (three kernels of hidden width d_ff): 'swiglu' (Llama), 'geglu'
     model.norm = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
     model.layer_norm_eps = 1e-5  # epsilon of either norm
     model.final_norm = placeholder(bool)  # a norm after each stack; None: only for pre-norm
     model.num_kv_heads = placeholder(int)  # key/value heads (divides num_heads; 1 = multi-
     # query); None: num_heads (plain multi-head attention)
     model.rope_base = 10000.0  # positional='rope': the rotary frequency base (Llama: 1e4, 5e5)
+    model.qk_norm = False  # RMSNorm (learned (H,) scale) on each head's queries and keys
+    model.logits_soft_cap = 0.0  # output logits = cap * tanh(logits / cap); 0 = off
     model.use_bias = True  # biases in projections, feed-forward and LayerNorm
     model.attention_bias = placeholder(bool)  # Q/K/V/output projection biases; None: use_bias
     model.ffn_bias = placeholder(bool)  # feed-forward biases; None: use_bias
@@ -129,17 +131,25 @@ def get_config() -> ml_collections.ConfigDict:
     # None, as configs/finetune_gpt2.py does) and needs tokenizer='pretrained'
 
     # Optimisation.
-    config.optimizer = "adam"  # 'adam' or 'adamw' (decoupled weight decay)
+    config.optimizer = "adam"  # 'adam', 'adamw' (decoupled weight decay), 'muon' (Muon for
+    # the layers' attention and feed-forward matrices, AdamW with the fields below for the
+    # embeddings, norms, biases and head: the modded-nanogpt speedrun's split) or
+    # 'schedule_free_adamw' (Defazio et al. 2024; needs schedule='constant'; evaluation,
+    # BLEU, samples and the tools use its averaged parameters)
     config.learning_rate = 2e-3  # peak learning rate, reached at the end of warm-up
     config.schedule = "cosine"  # 'rsqrt' (paper: inverse square root), 'cosine', 'constant';
     # cosine here: a short fixed budget ends better with the rate annealed to 0
     config.warmup_steps = 100  # linear warm-up (in optimizer updates)
-    config.b1 = 0.9  # Adam beta1
+    config.b1 = 0.9  # Adam beta1 (schedule_free_adamw: its interpolation, in (0, 1))
     config.b2 = 0.98  # Adam beta2 (paper)
     config.eps = 1e-9  # Adam epsilon (paper)
     config.weight_decay = 0.0  # decoupled weight decay, optimizer='adamw' only
     config.grad_clip_norm = 1.0  # clip the global gradient norm to this; 0 disables
     config.grad_accum_steps = 1  # micro-batches per optimizer update (optax.MultiSteps)
+    config.muon_learning_rate = 0.02  # optimizer='muon': the matrices' peak rate (their
+    # schedule has learning_rate's shape); learning_rate is then the AdamW part's
+    config.muon_momentum = 0.95  # optimizer='muon': Nesterov momentum of the matrices
+    config.muon_weight_decay = 0.0  # optimizer='muon': decoupled weight decay on the matrices
     config.freeze = ""  # init_from: parameter groups not trained, comma-separated:
     # 'embeddings' (token and position tables), 'layers:N' (the first N layers); with LoRA
     # (model.lora_rank > 0) every pretrained parameter is frozen and only adapters train
@@ -166,6 +176,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.keep_checkpoints = 2  # keep the last K checkpoints
     config.async_checkpoints = True  # write checkpoints in a background thread while the
     # steps go on (the loop stops only for the copy to host memory); False = wait
+    config.target_valid_loss = 0.0  # stop once a validation loss (nll) is <= this: the run
+    # saves a checkpoint and ends with its report, giving the wall time it took; 0 = off
+    config.target_bleu = 0.0  # translation: stop once an interim BLEU (bleu_every_steps) is
+    # >= this, likewise; 0 = off
 
     # Decoding: BLEU / chrF and the samples printed at the end.
     config.bleu_every_steps = 550  # BLEU/chrF during training too; 0 = only at the end

@@ -15,7 +15,7 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 _LAYER_CHOICES = {
     "norm_position": ("pre", "post"),
     "norm": ("layernorm", "rmsnorm"),
-    "activation": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
+    "activation": ("relu", "gelu", "gelu_tanh", "relu2", "swiglu", "geglu"),
     "attention_impl": ("xla", "jax_nn", "splash", "cudnn", "blocked"),
 }
 _CHOICES = {**_LAYER_CHOICES, "positional": ("sinusoidal", "learned", "rope")}
@@ -73,6 +73,7 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
     for name in ("init_std", "layer_norm_eps"):
         _check_real(config, name, "> 0", lambda v: v > 0)
     _check_bool(config, "use_bias")
+    _check_bool(config, "qk_norm")
     for name in ("attention_bias", "ffn_bias", "norm_bias"):
         if getattr(config, name) is not None:
             _check_bool(config, name)
@@ -192,8 +193,8 @@ class LayerConfig:
     attention_dropout_rate: float = 0.0  # on attention weights
     norm_position: str = "pre"  # 'pre' (Happy-LLM ch. 2, GPT-2) or 'post' (the 2017 paper)
     norm: str = "layernorm"  # 'layernorm' (paper) or 'rmsnorm' (Llama: no centring, no bias)
-    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
-    # width d_ff): 'swiglu' (Llama), 'geglu'
+    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', 'relu2' (ReLU squared), or
+    # gated (three kernels, hidden width d_ff): 'swiglu' (Llama), 'geglu'
     activation: str = "relu"
     use_bias: bool = True  # biases in projections, feed-forward and LayerNorm
     attention_bias: bool | None = None  # biases of the Q/K/V/output projections; None = use_bias
@@ -210,6 +211,7 @@ class LayerConfig:
     lora_rank: int = 0  # LoRA adapter rank r (see TransformerConfig); 0 = no adapters
     lora_alpha: float = DEFAULT_LORA_ALPHA  # LoRA scale alpha / r (see TransformerConfig)
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # adapted projections
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (see TransformerConfig)
 
     def __post_init__(self):
         _check_layer_fields(self, _LAYER_CHOICES)
@@ -257,8 +259,9 @@ class TransformerConfig:
     # Rotary frequency base, read with positional='rope' (10000: RoFormer, Llama 2; Llama 3
     # uses 500000)
     rope_base: float = 10000.0
-    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', or gated (three kernels, hidden
-    # width d_ff): 'swiglu' (Llama), 'geglu'
+    # Feed-forward nonlinearity: 'relu', 'gelu', 'gelu_tanh', 'relu2' (ReLU squared,
+    # max(0, x)**2: So et al. 2021, the modded-nanogpt speedrun), or gated (three kernels,
+    # hidden width d_ff): 'swiglu' (Llama), 'geglu'
     activation: str = "relu"
     use_bias: bool = True  # biases in projections, feed-forward and LayerNorm
     attention_bias: bool | None = None  # biases of the Q/K/V/output projections; None = use_bias
@@ -303,9 +306,20 @@ class TransformerConfig:
     # 'o' (self- and cross-attention), feed-forward 'up', 'down', and 'gate' (swiglu, geglu).
     # ('q', 'v'): the paper's choice
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    # QK-norm (Dehghani et al. 2023; OLMo 2, Qwen3, the modded-nanogpt speedrun): every
+    # attention (self and cross) puts each head's queries and keys through RMSNorm over the
+    # head width H before the scores (before rotary positions, so cached keys are stored
+    # normalised), with learned scales `query_norm_scale`, `key_norm_scale` `(H,)` shared
+    # by the heads (init 1, as Qwen3's q_norm/k_norm) and eps `layer_norm_eps`. False: the
+    # paper's attention, no such parameters
+    qk_norm: bool = False
+    # Logit soft-capping (Gemma 2, the speedrun): logits = cap * tanh(logits / cap), applied
+    # to the output logits (after `output_bias`), so every logit lies in (-cap, cap); 0 = off
+    logits_soft_cap: float = 0.0
 
     def __post_init__(self):
         _check_layer_fields(self, _CHOICES)
+        _check_real(self, "logits_soft_cap", ">= 0 (0 = off)", lambda v: v >= 0)
         for name in ("vocab_size", "num_layers", "max_len"):
             _check_positive(self, name)
         for name in ("scan_layers", "remat", "share_embeddings", "tie_output_embedding"):

@@ -764,16 +764,20 @@ def test_bfloat16_decoding_agrees_with_float32():
 
 # Rotary positions with grouped- and multi-query attention: keys are rotated before
 # they are cached, and the cache holds K heads; cached decoding must equal recomputation.
-# Eight decodes per case; test_text_cache_equals_full_recomputation keeps the cache check in
-# the quick run.
+# The speedrun's options too (issue 51): QK-norm (keys cached normalised, cross-attention
+# keys normalised once), ReLU squared, logit soft-capping (a cap below the random model's
+# logits, so it changes them). Eight decodes per case; test_text_cache_equals_full_
+# recomputation keeps the cache check in the quick run.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [
         {"positional": "rope", "num_kv_heads": 2},
         {"positional": "rope", "num_kv_heads": 1, "scan_layers": True},
+        {"qk_norm": True, "activation": "relu2", "logits_soft_cap": 3.0},
+        {"positional": "rope", "qk_norm": True, "logits_soft_cap": 3.0, "scan_layers": True},
     ],
-    ids=["rope-gqa", "rope-mqa-scan"],
+    ids=["rope-gqa", "rope-mqa-scan", "qknorm-relu2-softcap", "rope-qknorm-softcap-scan"],
 )
 def test_rope_and_grouped_query_cache_equals_full_recomputation(options):
     cfg = CONFIG.replace(**options)

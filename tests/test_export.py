@@ -59,6 +59,7 @@ CASES = {
         positional="sinusoidal", scale_embeddings=True, activation="relu", scan_layers=True
     ),
     "untied_gelu": dict(tie_output_embedding=False, activation="gelu", layer_norm_eps=1e-6),
+    "relu2": dict(activation="relu2"),  # transformers' "relu2", ReLU squared
 }
 
 
@@ -71,7 +72,7 @@ def test_transformers_reproduces_our_logits(case, tmp_path):
     variables = _random_variables(config)
     export_gpt2(config, variables, tmp_path, bos_token_id=2, eos_token_id=3)
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert saved["tie_word_embeddings"] == (case == "learned_tied")
+    assert saved["tie_word_embeddings"] == (case in ("learned_tied", "relu2"))
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path, local_files_only=True)
     hf_model.eval()
     tokens = _tokens(1)
@@ -101,6 +102,8 @@ def test_exported_tensors_are_gpt2_names_and_shapes():
         (dict(norm_position="post"), "norm_position='post' (needs 'pre')"),
         (dict(attention_bias=False), "attention_bias=False (needs True)"),
         (dict(output_bias=True), "output_bias=True (needs False)"),
+        (dict(qk_norm=True), "qk_norm=True (needs False)"),
+        (dict(logits_soft_cap=30.0), "logits_soft_cap=30.0 (needs 0.0)"),
     ],
 )
 def test_options_gpt2_cannot_hold_are_named(changes, named, tmp_path):

@@ -24,7 +24,7 @@ from train.config import config_lib  # noqa: E402
 from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.export import export_adapters, export_run  # noqa: E402
-from train.program import finetune, weights  # noqa: E402
+from train.program import finetune, optim, weights  # noqa: E402
 from train.program.inference import sample_text  # noqa: E402
 from train.run.checkpoint import Checkpointer  # noqa: E402
 from train.run.rundir import RunDir, prepare_workdir  # noqa: E402
@@ -253,6 +253,31 @@ def test_freezing_embeddings_keeps_them_and_gives_them_no_optimizer_state(
     assert 2 * trained <= moments < 2 * trained + 16  # mu and nu, plus counters
 
 
+def test_muon_fine_tunes_within_the_groups(model_dirs, corpus, tmp_path):
+    """--config.optimizer=muon with frozen embeddings: they stay and hold no state; the
+    layers' matrices take Muon (one moment), the other trained parameters AdamW (two)."""
+    config = _config(
+        model_dirs["gpt2"], corpus, learning_rate=1e-2, freeze="embeddings", optimizer="muon"
+    )
+    experiment, start = _start(config, tmp_path / "run")
+    before = jax.tree.map(np.asarray, start.state.params)
+    state, _ = start.program.train_step(start.state, start.program.put_batch(next(start.stream)))
+    after = jax.tree.map(np.asarray, state.params)
+    np.testing.assert_array_equal(after["embed"]["embedding"], before["embed"]["embedding"])
+    for name in ("wi_kernel", "wi_bias"):
+        ffn = (after["decoder"]["layers_0"]["ffn"], before["decoder"]["layers_0"]["ffn"])
+        assert not np.array_equal(ffn[0][name], ffn[1][name])
+    groups = finetune.param_labels(experiment.optimizer, experiment.model)(before)
+    kinds = optim.muon_labels(before)
+    sizes = {"muon": 0, "adamw": 0}
+    for x, group, kind in zip(*map(jax.tree.leaves, (before, groups, kinds)), strict=True):
+        if group != "frozen":
+            sizes[kind] += x.size
+    assert sizes["muon"] and sizes["adamw"]
+    moments = sum(x.size for x in jax.tree.leaves(state.opt_state))
+    assert sizes["muon"] + 2 * sizes["adamw"] <= moments < sizes["muon"] + 2 * sizes["adamw"] + 32
+
+
 def _refusal(config) -> str:
     with pytest.raises(ValueError) as info:
         config_lib.validate_config(config)
@@ -323,7 +348,7 @@ def test_sharded_checkpoints_and_the_scanned_layout_load_the_same_weights(model_
 LORA_TARGETS = ("q", "v", "o", "up", "down")
 
 
-def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_path):
+def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_path, monkeypatch):
     from flax_transformer import lora_param_count
 
     overrides = {"model.lora_rank": 4, "model.lora_targets": LORA_TARGETS}
@@ -344,6 +369,15 @@ def test_lora_trains_only_adapters_and_exports_merged(model_dirs, corpus, tmp_pa
     # Adam's two moments for the adapters only.
     moments = sum(x.size for x in jax.tree.leaves(state.opt_state))
     assert 2 * count <= moments < 2 * count + 16
+    # No weight gradient of a frozen matrix is computed: the step takes fewer FLOPs than
+    # the same step differentiated with respect to every parameter.
+    batch = start.program.put_batch(next(start.stream))
+    lean = start.program.train_step.lower(state, batch).compile().cost_analysis()["flops"]
+    monkeypatch.setattr(finetune, "frozen_mask", lambda optimizer, model: None)
+    _, every = _start(config, tmp_path / "every")
+    whole = every.program.train_step.lower(state, batch).compile().cost_analysis()["flops"]
+    monkeypatch.undo()
+    assert lean < whole, (lean, whole)
     # A run, then its export with the adapters merged: transformers' logits equal the
     # unmerged model's.
     config.num_train_steps = 5

@@ -198,6 +198,9 @@ def test_llama_config_keeps_the_pad_id_export_llama_recorded():
         (dict(positional="learned"), "positional='learned' (needs 'rope')"),
         (dict(activation="relu"), "activation='relu'"),
         (dict(use_bias=True), "attention_bias (or use_bias)=True"),
+        (dict(qk_norm=True), "qk_norm=True (needs False)"),
+        (dict(logits_soft_cap=30.0), "logits_soft_cap=30.0 (needs 0.0)"),
+        (dict(activation="relu2"), "activation='relu2'"),
     ],
 )
 def test_export_llama_names_what_llama_cannot_hold(changes, named, tmp_path):

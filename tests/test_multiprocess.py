@@ -49,7 +49,7 @@ _KILLING_MAIN = (
     "                sys.exit(f'{committed} was not committed within 120 s')\n"
     "            time.sleep(0.01)\n"
     "        os.kill(os.getpid(), signal.SIGKILL)\n"
-    "train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=kill)\n"
+    "train_lib.train_and_evaluate = lambda c, w, **kw: real(c, w, step_callback=kill, **kw)\n"
     "sys.argv = ['train.main', *sys.argv[1:]]\n"
     "main.run()\n"
 )
@@ -419,7 +419,7 @@ _TERMINATING_MAIN = (
     "        if time.monotonic() > deadline:\n"
     "            sys.exit('no preemption sync protocol published its step within 120 s')\n"
     "        time.sleep(0.01)\n"
-    "train_lib.train_and_evaluate = lambda c, w: real(c, w, step_callback=terminate)\n"
+    "train_lib.train_and_evaluate = lambda c, w, **kw: real(c, w, step_callback=terminate, **kw)\n"
     "sys.argv = ['train.main', *sys.argv[1:]]\n"
     "main.run()\n"
 )

@@ -1,6 +1,12 @@
 """The training program: `python -m train.<command>` (docs/training.md)."""
 
 import sys
+import time
+
+# When the process imported its first train module: for `python -m train.<command>`, the
+# command's start, a few milliseconds after the interpreter's, before absl and jax load.
+# train.main counts every record's wall_s from it (train.program.metrics.RunClock).
+STARTED = time.time()
 
 # While Python locates the module of `python -m train.<command>`, sys.argv[0] is "-m": the
 # commands (and only they, never a notebook's `import train`) start jax on the CPU of a host

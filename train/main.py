@@ -77,6 +77,7 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)  # process 0 logs for the run
     import jax
 
+    import train
     from train import train_lib
     from train.data.corpora.corpus import CorpusNotFoundError
     from train.run.failures import Preempted, RunFailure
@@ -88,7 +89,8 @@ def main(argv: list[str]) -> None:
             jax.device_count(),
         )
     try:
-        train_lib.train_and_evaluate(config, FLAGS.workdir)
+        # Every record's wall_s counts from the command's start (compilation included).
+        train_lib.train_and_evaluate(config, FLAGS.workdir, started=train.STARTED)
     except Preempted as err:  # a checkpoint was saved: not an error
         print(err, file=sys.stderr, flush=True)
         sys.exit(PREEMPTED)

@@ -35,7 +35,7 @@ from jax.experimental import multihost_utils
 from flax_transformer import sharding as sharding_lib
 from train import sources
 from train.config import config_lib
-from train.config.sections import Experiment
+from train.config.sections import Experiment, RunConfig
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.dataset import Dataset, Processes
 from train.data.input_pipeline import open_dataset
@@ -44,10 +44,13 @@ from train.program import finetune, optim, steps, weights
 from train.program.metrics import (
     STEPS_IN_FLIGHT,
     MetricsWriter,
+    RunClock,
+    Target,
     TrainingDivergedError,
     TrainLog,
     evaluate_loss,
     format_report,
+    format_target,
     plot_loss_curve,
     progress_bar,
 )
@@ -113,6 +116,9 @@ class Program:
         train_step: jitted `(state, batch) -> (state, metric sums)`; donates the state.
         eval_step: jitted `(params, batch) -> metric sums`.
         put_batch: places a numpy batch (this process's rows) on the mesh.
+        eval_params: `state -> the parameters to evaluate` (`optim.evaluation_params`:
+            the state's own, or schedule-free AdamW's averaged point, jitted), for
+            validation, BLEU and the final report.
     """
 
     model: nn.Module
@@ -121,6 +127,7 @@ class Program:
     train_step: Callable
     eval_step: Callable
     put_batch: Callable
+    eval_params: Callable = steps.state_params
 
 
 def build_program(
@@ -155,7 +162,11 @@ def build_program(
         if experiment.data.init_from
         else None
     )
-    tx = optim.make_optimizer(experiment.optimizer, schedule, labels)
+    muon_schedule = None
+    if experiment.optimizer.optimizer == "muon":
+        peak = experiment.optimizer.muon_learning_rate
+        muon_schedule = optim.make_schedule(experiment.schedule, peak=peak)
+    tx = optim.make_optimizer(experiment.optimizer, schedule, labels, muon_schedule=muon_schedule)
     accum = experiment.optimizer.grad_accum_steps
     shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(
@@ -173,8 +184,15 @@ def build_program(
         # An imported checkpoint's added pad id (the last) is no class of its softmax.
         drop_pad_logit=bool(experiment.data.init_from)
         and experiment.model.pad_id == vocab_size - 1,
+        frozen=finetune.frozen_mask(experiment.optimizer, experiment.model) if labels else None,
     )
-    return Program(model, tx, shapes, train_step, eval_step, put_batch)
+    eval_params = steps.state_params
+    if experiment.optimizer.optimizer == "schedule_free_adamw":
+        eval_params = jax.jit(
+            lambda state: optim.evaluation_params(state.opt_state, state.params),
+            out_shardings=jax.tree.map(lambda leaf: leaf.sharding, shapes.params),
+        )
+    return Program(model, tx, shapes, train_step, eval_step, put_batch, eval_params)
 
 
 def _check_same_data(fingerprint: dict, run: RunDir, resuming: bool) -> None:
@@ -210,8 +228,15 @@ def train_and_evaluate(
     workdir: str,
     *,
     step_callback: Callable[[int], None] | None = None,
+    started: float | None = None,
 ) -> dict:
     """Trains (or resumes) the configured model, evaluates it, and returns the results.
+
+    Every record of the run's metrics carries `wall_s`, the seconds since `started`
+    (`metrics.RunClock`; a resumed run counts on from its checkpoint's). With
+    `--config.target_valid_loss` or `--config.target_bleu`, the first evaluation that
+    reaches the target saves a checkpoint and ends the loop; the report follows as at the
+    end of a full run.
 
     Args:
         config: an experiment config (`configs/*.py`).
@@ -219,10 +244,14 @@ def train_and_evaluate(
             resumes from its latest checkpoint.
         step_callback: called with the step number after every train step (e.g. to stop a
             run from a notebook by raising).
+        started: `time.time()` when the command started (`train.main` reads it first
+            thing); None: when this call started.
 
     Returns:
         The results also written to `workdir/results.json`: final step, validation metrics,
-        and BLEU/chrF with samples (translation) or samples (LM).
+        and BLEU/chrF with samples (translation) or samples (LM); `wall_s`, the clock at the
+        report; with a target, `target` (`metrics.Target.result`: reached or not, the
+        step, value and `wall_s` where it was).
 
     Raises:
         ValueError: a bad config value or corpus file, or a regular file as `workdir`.
@@ -231,6 +260,7 @@ def train_and_evaluate(
         TrainingDivergedError: the loss became NaN or infinite (names the step); a
             RunFailure too.
     """
+    clock = RunClock(started)
     # The sections; the config is not read again.
     experiment = config_lib.validate_config(config, workdir)
     run = RunDir(prepare_workdir(workdir))
@@ -245,7 +275,7 @@ def train_and_evaluate(
         try:
             _check_resumable(config, run, checkpointer.latest_step() is not None)
             with _sigterm_notice() as notice:
-                return _run(experiment, run, checkpointer, step_callback, notice)
+                return _run(experiment, run, checkpointer, step_callback, notice, clock)
         finally:
             checkpointer.close()
 
@@ -278,15 +308,26 @@ def _preempted(notice: threading.Event, step: int) -> bool:
     return notice.is_set()
 
 
-def _finished_results(run: RunDir, latest: int | None, num_train_steps: int) -> dict | None:
-    """The results of a run that already trained every step and wrote them, else None."""
-    if latest is None or latest < num_train_steps or not run.results.exists():
+def _finished_results(run: RunDir, latest: int | None, settings: RunConfig) -> dict | None:
+    """The results of a run that already trained every step, or stopped at the target it
+    still has, and wrote them; else None (a changed target trains on)."""
+    if latest is None or not run.results.exists():
         return None
-    logging.info("%s already finished %d steps; its results:", run.path, latest)
+    if latest < settings.num_train_steps and not settings.has_target:
+        return None
     results = read_json(
         run.results,
         "delete it and rerun: the final evaluation is redone from the last checkpoint",
     )
+    if latest < settings.num_train_steps:
+        target = results.get("target") or {}
+        same = (target.get("valid_loss"), target.get("bleu")) == (
+            settings.target_valid_loss,
+            settings.target_bleu,
+        )
+        if not (same and target.get("reached") and results.get("step") == latest):
+            return None
+    logging.info("%s already finished at step %d; its results:", run.path, latest)
     if distributed.is_primary():
         print(format_report(results), flush=True)
     return results
@@ -300,6 +341,7 @@ class _Start(NamedTuple):
     state: steps.TrainState
     stream: Iterator  # an EpochStream (in memory) or a StoreStream (a token store)
     share: RowShare
+    wall_s: float | None  # the clock the restored checkpoint recorded (None: fresh, or none)
 
 
 def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> sources.Source:
@@ -385,13 +427,13 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     if source is not None:
         labels = finetune.param_labels(experiment.optimizer, experiment.model)
         logging.info(finetune.summary(state.params, state.opt_state, labels))
-    stream_state = None
+    stream_state = wall_s = None
     if resuming:
         state, progress = checkpointer.restore_newest_good(state)
-        stream_state = progress["stream"]
+        stream_state, wall_s = progress["stream"], progress.get("wall_s")
         logging.info("Resumed from checkpoint step %d.", int(state.step))
     stream = dataset.stream(settings.seed, stream_state, int(state.step))
-    return _Start(dataset, program, state, stream, share)
+    return _Start(dataset, program, state, stream, share, wall_s)
 
 
 def _check_end_of_run(experiment: Experiment, dataset: Dataset) -> None:
@@ -415,26 +457,39 @@ def _run(
     checkpointer: Checkpointer,
     step_callback,
     notice: threading.Event,
+    clock: RunClock,
 ) -> dict:
     """The body of `train_and_evaluate`, which owns (and always closes) the checkpointer;
-    `notice`: set by SIGTERM, it stops the loop at the next step with a checkpoint."""
+    `notice`: set by SIGTERM, it stops the loop at the next step with a checkpoint; `clock`:
+    the run's seconds, in every record."""
     settings, evaluation = experiment.run, experiment.eval
-    finished = _finished_results(run, checkpointer.latest_step(), settings.num_train_steps)
+    finished = _finished_results(run, checkpointer.latest_step(), settings)
     if finished is not None:
         return finished
-    dataset, program, state, stream, share = _start(experiment, run, checkpointer)
+    dataset, program, state, stream, share, wall_s = _start(experiment, run, checkpointer)
+    if wall_s is not None:
+        clock.resume(wall_s)
+    elif int(state.step):
+        logging.info("Checkpoint %d recorded no wall time: wall_s counts from now.", state.step)
     task, model = dataset.task, program.model
     train_step, eval_step, put_batch = program.train_step, program.eval_step, program.put_batch
     primary = distributed.is_primary()
-    writer = MetricsWriter(run, resume_step=int(state.step)) if primary else _Discard()
+    writer = MetricsWriter(run, int(state.step), clock) if primary else _Discard()
     log = TrainLog(checkpointer)
+    target = Target(settings.target_valid_loss, settings.target_bleu)
     chars_per_token = dataset.chars_per_token if task.reports_bits_per_char else None
     pad_id = dataset.tokenizer.pad_id
     eval_batches = dataset.eval_batches[: evaluation.num_eval_batches or None]
+    evaluated = [-1, None]  # (step, validation metrics) of the latest evaluation
 
     def run_eval(step: int) -> dict:
-        valid = evaluate_loss(eval_step, state.params, eval_batches, put_batch, chars_per_token)
-        writer.write(step, "valid", valid)
+        begun = clock.seconds()
+        params = program.eval_params(state)
+        valid = evaluate_loss(eval_step, params, eval_batches, put_batch, chars_per_token)
+        now = clock.seconds()
+        writer.write(step, "valid", {**valid, "eval_s": now - begun, "wall_s": now})
+        target.check("valid_loss", valid["nll"], step, now)
+        evaluated[:] = [step, valid]
         return valid
 
     def save(step: int) -> None:
@@ -446,9 +501,10 @@ def _run(
                 f"Parameters are NaN or infinite at step {step}; the last good checkpoint "
                 f"(step {checkpointer.latest_step()}) is kept in {checkpointer.directory}."
             )
-        checkpointer.save(step, state, {"stream": stream.state_dict(), "step": step})
+        progress = {"stream": stream.state_dict(), "step": step, "wall_s": clock.seconds()}
+        checkpointer.save(step, state, progress)
 
-    total, valid = settings.num_train_steps, None
+    total = settings.num_train_steps
     # Several CPU devices in one process (train.main's --config.cpu_devices): XLA's
     # in-process all-reduce deadlocks when hundreds of steps are queued, so the loop waits
     # for a step every STEPS_IN_FLIGHT steps (the metrics fetch every log_every_steps
@@ -485,12 +541,18 @@ def _run(
                 )
             every = settings.bleu_every_steps
             if every and step % every == 0 and step < total:
-                scored = task.interim_scores(evaluation, dataset, model, state.params)
+                begun = clock.seconds()
+                params = program.eval_params(state)
+                scored = task.interim_scores(evaluation, dataset, model, params)
                 if scored is not None:
                     split, record, line = scored
-                    writer.write(step, split, record)
+                    now = clock.seconds()
+                    writer.write(step, split, {**record, "eval_s": now - begun, "wall_s": now})
+                    if "bleu" in record:
+                        target.check("bleu", record["bleu"], step, now)
                     say(f"step {step}: {line}")
-            saved = step % settings.checkpoint_every_steps == 0 or step == total
+            reached = target.reached is not None and target.reached["step"] == step
+            saved = step % settings.checkpoint_every_steps == 0 or step == total or reached
             if saved:
                 save(step)
             if step % settings.log_every_steps == 0:
@@ -505,14 +567,26 @@ def _run(
                     f"preempted: SIGTERM at step {step}; checkpoint {step} saved in "
                     f"{checkpointer.directory} ; rerun the same command to resume."
                 )
+            if reached:
+                say(format_target(target.result(step)))
+                break
 
     step = int(state.step)
-    valid = valid or run_eval(step)
+    # The last evaluation's metrics, unless it was of an earlier step (a target reached at
+    # a BLEU evaluation, or a rerun that lost results.json).
+    valid = evaluated[1] if evaluated[0] == step else run_eval(step)
     results = {
         "step": step,
         "valid": valid,
-        **task.final_outputs(evaluation, dataset, model, distributed.host_copy(state.params)),
+        **task.final_outputs(
+            evaluation, dataset, model, distributed.host_copy(program.eval_params(state))
+        ),
     }
+    if "bleu" in results:  # a BLEU target met only by the final scores: reached at the end
+        target.check("bleu", results["bleu"]["bleu"], step, clock.seconds())
+    if settings.has_target:
+        results["target"] = target.result(step)
+    results["wall_s"] = clock.seconds()
     _report(run, writer, results, primary)
     return results
 
@@ -520,9 +594,9 @@ def _run(
 def _report(run: RunDir, writer, results: dict, primary: bool) -> None:
     """Writes the final scores, the loss curve and results.json (process 0), and prints the
     report."""
-    if "bleu" in results:
+    if "bleu" in results:  # scored with the rest of the report: its clock is the report's
         scores = {k: results["bleu"][k] for k in ("bleu", "chrf")}
-        writer.write(results["step"], "bleu", scores)
+        writer.write(results["step"], "bleu", {**scores, "wall_s": results["wall_s"]})
     writer.close()
     if not primary:
         return

@@ -76,6 +76,8 @@ def _attention(config: LayerConfig, name: str, cross: bool = False) -> MultiHead
         dtype=config.dtype,
         param_dtype=config.param_dtype,
         **_lora_fields(config),
+        qk_norm=config.qk_norm,
+        qk_norm_eps=config.layer_norm_eps,
         name=name,
     )
 

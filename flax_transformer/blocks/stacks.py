@@ -25,6 +25,7 @@ from flax_transformer import axes
 from flax_transformer.blocks.layers import DecoderLayer, EncoderLayer, make_layer_norm
 from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import TransformerConfig
+from flax_transformer.functional import soft_cap
 from flax_transformer.layers import PositionalEncoding
 from flax_transformer.layers.dropout import Dropout
 from flax_transformer.layers.initializers import partitioned
@@ -208,7 +209,8 @@ class Decoder(nn.Module):
           cache_index: int `(B,)`, with a cache: each sequence's tokens so far.
 
         Returns:
-          float32 logits `(B, T, V)`, or hidden states `(B, T, D)` when `embed` is None;
+          float32 logits `(B, T, V)` (soft-capped with `config.logits_soft_cap` > 0), or
+          hidden states `(B, T, D)` when `embed` is None;
           with a `cache`, the pair `(that, updated cache)`.
         """
         cfg = self.config
@@ -252,6 +254,8 @@ class Decoder(nn.Module):
                 bias_init=partitioned(nn.initializers.zeros_init(), (axes.VOCAB,)),
             )(y_BTD.reshape(-1, y_BTD.shape[-1]))  # merged rows: see `functional.project`
             out = out.reshape(*y_BTD.shape[:-1], -1).astype(jnp.float32)
+        if self.embed is not None and cfg.logits_soft_cap:
+            out = soft_cap(out, cfg.logits_soft_cap)
         return out if cache is None else (out, cache)
 
 

@@ -20,6 +20,7 @@ from flax_transformer.functional.feed_forward import (
     gated_feed_forward,
     gelu,
     gelu_tanh,
+    relu_squared,
 )
 from flax_transformer.functional.lora import lora_delta
 from flax_transformer.functional.losses import label_smoothed_cross_entropy
@@ -39,6 +40,7 @@ from flax_transformer.functional.positions import (
     sinusoidal_positions,
 )
 from flax_transformer.functional.projection import project
+from flax_transformer.functional.soft_cap import soft_cap
 
 __all__ = [
     "AttentionMask",
@@ -64,11 +66,13 @@ __all__ = [
     "multi_head_attention",
     "padding_mask",
     "project",
+    "relu_squared",
     "rms_norm",
     "rope_angles",
     "segment_mask",
     "segment_positions",
     "simple_self_attention",
     "sinusoidal_positions",
+    "soft_cap",
     "softmax_dtype",
 ]

@@ -92,6 +92,16 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
     return _computed_in_float32(lambda x: jax.nn.gelu(x, approximate=True), x)
 
 
+def relu_squared(x: jax.Array) -> jax.Array:
+    """ReLU squared, `max(0, x) ** 2` (So et al. 2021, "Primer", section 3; the feed-forward
+    nonlinearity of the modded-nanogpt speedrun): the activation 'relu2' of the layers.
+
+    Its derivative, `2 max(0, x)`, is continuous, unlike ReLU's.
+    """
+    x = jnp.asarray(x)
+    return jnp.square(jax.nn.relu(x))
+
+
 def feed_forward(
     x_TD: jax.Array,
     w1_DF: jax.Array,

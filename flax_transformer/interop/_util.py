@@ -73,6 +73,16 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
             f"lora_rank={config.lora_rank}; import with lora_rank=0, then build the LoRA "
             "model and copy these weights into its params by path (docs/api.md, 'LoRA')."
         )
+    # None of the sources (torch's stacks, GPT-2, Llama) has these: importing into them
+    # would fail on the missing scales, or, for the parameter-free cap, silently compute
+    # another function than the source's.
+    speedrun = {"qk_norm": config.qk_norm, "logits_soft_cap": config.logits_soft_cap}
+    kept = [f"{name}={value!r}" for name, value in speedrun.items() if value]
+    if kept:
+        raise ValueError(
+            f"the imported model has no QK-norm and no logit soft-capping, but the config has "
+            f"{', '.join(kept)}; import with qk_norm=False and logits_soft_cap=0.0."
+        )
     expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), *args)))
     want = traverse_util.flatten_dict(expected["params"], sep="/")
     have = traverse_util.flatten_dict(params, sep="/")

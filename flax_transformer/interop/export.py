@@ -6,7 +6,8 @@ not needed to write it; only `safetensors` (numpy flavour).
 
 What GPT-2 can hold, and how our options map onto it:
 - pre-norm LayerNorm blocks with biases everywhere and a final LayerNorm (`ln_f`); the
-  activation 'gelu_tanh' ("gelu_new"), 'gelu' or 'relu'; plain multi-head attention.
+  activation 'gelu_tanh' ("gelu_new"), 'gelu', 'relu' or 'relu2' (transformers' "relu2",
+  ReLU squared); plain multi-head attention.
 - positions: a learned table is `wpe`; the sinusoidal table is written into `wpe` as it is
   (a fixed table added to the token embedding is a learned table that was never trained).
 - `scale_embeddings` (tokens times sqrt(d_model)): `wte` holds the scaled embedding, and the
@@ -16,8 +17,8 @@ What GPT-2 can hold, and how our options map onto it:
   two agree on every sequence without `pad_id` tokens (pass an attention mask to
   `transformers` where there is padding).
 
-Anything else (RMSNorm, gated feed-forward, post-norm, missing biases, a logits bias) has no
-GPT-2 equivalent and is refused with the field named.
+Anything else (RMSNorm, gated feed-forward, post-norm, missing biases, a logits bias,
+QK-norm, logit soft-capping) has no GPT-2 equivalent and is refused with the field named.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from flax_transformer.config import TransformerConfig
 from flax_transformer.functional.positions import sinusoidal_positions
 
 # Our activation names -> transformers' `activation_function`.
-_HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
@@ -69,6 +70,8 @@ def _check_gpt2_compatible(config: TransformerConfig) -> None:
         "ffn_bias": (True, _resolved(config, "ffn_bias")),
         "norm_bias": (True, _resolved(config, "norm_bias")),
         "output_bias": (False, config.output_bias),
+        "qk_norm": (False, config.qk_norm),
+        "logits_soft_cap": (0.0, config.logits_soft_cap),
     }
     num_kv_heads = getattr(config, "num_kv_heads", None)  # grouped-query attention
     if num_kv_heads not in (None, config.num_heads):

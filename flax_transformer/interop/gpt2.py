@@ -47,6 +47,7 @@ _ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu": "gelu",
     "relu": "relu",
+    "relu2": "relu2",  # ReLU squared
 }
 
 

@@ -29,6 +29,11 @@ Rotary positions (`rope=True`, self-attention only): queries and keys are rotate
 positions (`functional.apply_rope`) after the projections, and keys are written to the
 cache already rotated, so cached keys never need their positions again.
 
+QK-norm (`qk_norm=True`, self- and cross-attention): each head's queries and keys go
+through RMSNorm over the head width (`functional.rms_norm`, learned scales
+`query_norm_scale`, `key_norm_scale` `(H,)` shared by the heads) right after the
+projections, before the rotation; keys are cached normalised, like rotated.
+
 LoRA (`lora_rank` > 0, `layers.lora`): each targeted projection's kernel is replaced, where
 it is read (`_adapted`), by `W + (alpha / r) * A @ B`; a fused kernel gets one adapter pair
 per targeted part. Every call reads the kernels the same way, so the KV-cache steps use
@@ -47,11 +52,11 @@ from flax import linen as nn
 from flax_transformer import axes
 from flax_transformer.checks.arguments import as_array, check_floating, check_int
 from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
-from flax_transformer.functional import apply_rope, broadcast_mask, project
+from flax_transformer.functional import RMS_NORM_EPS, apply_rope, broadcast_mask, project, rms_norm
 from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
 from flax_transformer.layers.attention_op import attention_op
-from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
+from flax_transformer.layers.initializers import INIT_STD, ones_init, partitioned, zeros_init
 from flax_transformer.layers.lora import adapt_kernel
 
 # The LoRA target of each projection kernel, or of each part of a fused one (axis 1).
@@ -84,6 +89,10 @@ class MultiHeadAttention(nn.Module):
         the targeted projections among 'q', 'k', 'v', 'o' (other names are ignored: they
         are the feed-forward's). A fused kernel gets one adapter pair per targeted part:
         `lora_q`, `lora_k`, `lora_v`, `lora_o`, each with `lora_a`, `lora_b`.
+      qk_norm: RMSNorm over the head width on every head's queries and keys, after the
+        projections and before rotary positions, with learned scales `query_norm_scale`,
+        `key_norm_scale` `(H,)` (init 1) shared by the heads. False: none, no parameters.
+      qk_norm_eps: its epsilon (RMS_NORM_EPS = 1e-6; the blocks pass `layer_norm_eps`).
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, K, L, H), 'v': (B, K, L, H)}` for L slots;
@@ -111,6 +120,8 @@ class MultiHeadAttention(nn.Module):
     lora_rank: int = 0
     lora_alpha: float = DEFAULT_LORA_ALPHA
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
+    qk_norm: bool = False
+    qk_norm_eps: float = RMS_NORM_EPS
 
     def _adapted(self, kernel: jax.Array, names, parts, in_axes: int = 1) -> jax.Array:
         """The kernel in `dtype`, plus its LoRA updates where targeted (`layers.lora`)."""
@@ -184,6 +195,8 @@ class MultiHeadAttention(nn.Module):
         batch, q_len, width = self._check_call(fn, x_q, x_kv, cache)
         head_dim = width // self.num_heads
         q_BTNH, k_BSKH, v_BSKH = self._project_heads(x_q, x_kv, cache is not None)
+        if self.qk_norm:
+            q_BTNH, k_BSKH = self._normalize_heads(q_BTNH, k_BSKH, head_dim)
         if self.rope:
             positions_BT = _rope_positions(positions_BT, cache_index, batch, q_len)
             q_BTNH = apply_rope(q_BTNH, positions_BT, self.rope_base)
@@ -202,6 +215,18 @@ class MultiHeadAttention(nn.Module):
         out_BTNH = self._attend(q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis, deterministic)
         y_BTD = self._merge_heads(out_BTNH, width)
         return y_BTD if cache is None else (y_BTD, cache)
+
+    def _normalize_heads(self, q_BTNH, k_BSKH, head_dim: int):
+        """QK-norm: RMSNorm of every head's query and key vectors over H, with a learned
+        `(H,)` scale each; keys may be None (a cross-attention step that reads the cache)."""
+        scales = [
+            self.param(name, partitioned(ones_init, (axes.KV,)), (head_dim,), self.param_dtype)
+            for name in ("query_norm_scale", "key_norm_scale")
+        ]
+        q_BTNH = rms_norm(q_BTNH, scales[0], self.qk_norm_eps)
+        if k_BSKH is not None:
+            k_BSKH = rms_norm(k_BSKH, scales[1], self.qk_norm_eps)
+        return q_BTNH, k_BSKH
 
     def _attend(self, q_BTNH, k_BSKH, v_BSKH, mask, kv_head_axis: int, deterministic: bool):
         """The attention kernel over projected heads -> `(B, T, N, H)`; sows the weights

@@ -11,7 +11,13 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
-from flax_transformer.functional import feed_forward, gated_feed_forward, gelu, gelu_tanh
+from flax_transformer.functional import (
+    feed_forward,
+    gated_feed_forward,
+    gelu,
+    gelu_tanh,
+    relu_squared,
+)
 from flax_transformer.layers.initializers import INIT_STD, partitioned, zeros_init
 from flax_transformer.layers.lora import adapt_kernel
 
@@ -22,6 +28,7 @@ ACTIVATIONS = {
     "relu": jax.nn.relu,
     "gelu": gelu,  # exact, in the erf form (functional.gelu)
     "gelu_tanh": gelu_tanh,  # GPT-2's "gelu_new" (jax.nn.gelu's tanh approximation)
+    "relu2": relu_squared,  # max(0, x)**2 (Primer; the modded-nanogpt speedrun)
 }
 
 
@@ -41,7 +48,8 @@ class FeedForward(nn.Module):
 
     Attributes:
       d_ff: hidden width F.
-      activation: 'relu', 'gelu', 'gelu_tanh', or gated: 'swiglu', 'geglu'.
+      activation: 'relu', 'gelu', 'gelu_tanh', 'relu2' (ReLU squared), or gated: 'swiglu',
+        'geglu'.
       use_bias: learn biases (b1, b2; gated: bg, bu, bd).
       init_std: standard deviation of the normal kernel init (INIT_STD = 0.02, as GPT-2).
       dtype, param_dtype: compute and storage dtypes.

@@ -96,15 +96,50 @@ def validate_config(
     if optimizer.freeze or optimizer.pretrained_lr_scale != 1.0:
         finetune.check_freeze(optimizer, model, bool(data.init_from))
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
+    schedule = ScheduleConfig.from_config(config, optimizer, run)
+    if optimizer.optimizer == "schedule_free_adamw":
+        _check_schedule_free(schedule, data)
+    evaluation = EvalConfig.from_config(config)
+    if run.target_bleu and not (run.bleu_every_steps and evaluation.bleu_examples):
+        raise fail(
+            "target_bleu",
+            run.target_bleu,
+            "is checked at each BLEU evaluation during training: set --config.bleu_every_steps "
+            f"> 0 (now {run.bleu_every_steps}) and --config.bleu_examples > 0 (now "
+            f"{evaluation.bleu_examples})",
+        )
     return Experiment(
         data=data,
         model=model,
         optimizer=optimizer,
-        schedule=ScheduleConfig.from_config(config, optimizer, run),
+        schedule=schedule,
         step=StepConfig.from_config(config),
-        eval=EvalConfig.from_config(config),
+        eval=evaluation,
         run=run,
     )
+
+
+def _check_schedule_free(schedule: ScheduleConfig, data: DataConfig) -> None:
+    """Schedule-free AdamW replaces the decay of the rate with its averaging (Defazio et al.
+    2024: warm-up, then constant), and keeps one average of every parameter.
+
+    Raises:
+        ValueError: a decaying schedule, or fine-tuning's parameter groups (init_from).
+    """
+    if schedule.schedule != "constant":
+        raise fail(
+            "schedule",
+            schedule.schedule,
+            "optimizer='schedule_free_adamw' averages its iterates instead of decaying the "
+            "rate: set --config.schedule=constant (linear warm-up, then constant)",
+        )
+    if data.init_from:
+        raise fail(
+            "optimizer",
+            "schedule_free_adamw",
+            "keeps one average of all the parameters and takes no fine-tuning groups "
+            "(--config.init_from); use 'adam', 'adamw' or 'muon'",
+        )
 
 
 def _pretrained_model(

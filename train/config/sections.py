@@ -43,7 +43,7 @@ from train.data.corpora.files import TEXT_DOCUMENTS
 # Every --config.corpus value, in the order of the corpus table (`train.data.corpora`).
 CORPORA = tuple(corpora.CORPORA)
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
-OPTIMIZERS = ("adam", "adamw")
+OPTIMIZERS = ("adam", "adamw", "muon", "schedule_free_adamw")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
@@ -398,11 +398,16 @@ class ScheduleConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig(_ReadByName):
-    """Global-norm clipping, then Adam or AdamW; gradient accumulation; for fine-tuning,
-    parameter groups frozen or trained at a lower rate (`train.program.optim.make_optimizer`).
+    """Global-norm clipping, then the update rule (Adam, AdamW, Muon with AdamW, or
+    schedule-free AdamW); gradient accumulation; for fine-tuning, parameter groups frozen or
+    trained at a lower rate (`train.program.optim.make_optimizer`).
 
     Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
-    take effect with `--config.init_from` (`train.program.finetune` gives each parameter its group).
+    take effect with `--config.init_from` (`train.program.finetune` gives each parameter its
+    group). `muon_learning_rate` (the peak of the matrices' schedule, which has the shape of
+    `learning_rate`'s), `muon_momentum` and `muon_weight_decay` take effect with
+    optimizer='muon'; b1, b2, eps and weight_decay are then its AdamW's, and with
+    'schedule_free_adamw' b1 is the interpolation between its averages.
     """
 
     optimizer: str
@@ -414,11 +419,25 @@ class OptimizerConfig(_ReadByName):
     grad_accum_steps: int
     freeze: str = ""
     pretrained_lr_scale: float = 1.0
+    muon_learning_rate: float = 0.02
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.0
 
     def __post_init__(self):
         _check_choice(self, "optimizer", OPTIMIZERS)
         _check_positive_ints(self, "grad_accum_steps")
         _check_non_negative(self, "b1", "b2", "eps", "weight_decay", "grad_clip_norm")
+        _check_non_negative(self, "muon_weight_decay")
+        if not _is_real(self.muon_learning_rate) or self.muon_learning_rate <= 0:
+            raise fail("muon_learning_rate", self.muon_learning_rate, "must be a number > 0")
+        _check_fraction(self, "muon_momentum")
+        if self.optimizer == "schedule_free_adamw" and not 0 < self.b1 < 1:
+            raise fail(
+                "b1",
+                self.b1,
+                "must be in (0, 1) with optimizer='schedule_free_adamw' (the interpolation "
+                "between its averages; 0.9 is the paper's)",
+            )
         if not _is_real(self.pretrained_lr_scale) or not 0 <= self.pretrained_lr_scale <= 1:
             raise fail(
                 "pretrained_lr_scale",
@@ -600,6 +619,11 @@ class RunConfig(_ReadByName):
             `train.run.distributed.split_cpu`).
         log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
             keep_checkpoints, async_checkpoints: the config fields of the same names.
+        target_valid_loss: stop once a validation loss (nll, every `eval_every_steps`) is
+            at most this; 0 = no target.
+        target_bleu: translation: stop once an interim BLEU (every `bleu_every_steps`) is at
+            least this; 0 = no target. Reaching either target saves a checkpoint and ends
+            the run with its report (`train.train_lib`).
     """
 
     num_train_steps: int
@@ -613,6 +637,8 @@ class RunConfig(_ReadByName):
     keep_checkpoints: int
     async_checkpoints: bool
     cpu_devices: int = 0
+    target_valid_loss: float = 0.0
+    target_bleu: float = 0.0
 
     # A resumed run must keep these: the seed orders the data, the PRNG shapes the state.
     IDENTITY: ClassVar[tuple[str, ...]] = ("seed", "rng_impl")
@@ -631,6 +657,16 @@ class RunConfig(_ReadByName):
         _check_non_negative_ints(self, "bleu_every_steps", "seed", "cpu_devices")
         if not isinstance(self.async_checkpoints, bool):
             raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
+        for name, high in (("target_valid_loss", math.inf), ("target_bleu", 100.0)):
+            value = getattr(self, name)
+            if not _is_real(value) or not 0 <= value <= high:
+                bounds = "in [0, 100]" if high == 100.0 else ">= 0"
+                raise fail(name, value, f"must be a number {bounds} (0 = no target)")
+
+    @property
+    def has_target(self) -> bool:
+        """Whether the run stops at a target (`target_valid_loss` or `target_bleu`)."""
+        return bool(self.target_valid_loss or self.target_bleu)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,6 +141,17 @@ def param_labels(optimizer: OptimizerConfig, model: TransformerConfig) -> Callab
     return labels
 
 
+def frozen_mask(optimizer: OptimizerConfig, model: TransformerConfig) -> Callable[[Any], Any]:
+    """Parameters -> a tree of bools, True for the 'frozen' group: what the train step
+    takes no gradient of (`train.program.steps.train_step`'s `frozen`)."""
+    labels = param_labels(optimizer, model)
+
+    def frozen(params):
+        return jax.tree.map(lambda group: group == "frozen", labels(params))
+
+    return frozen
+
+
 def summary(params: Mapping, opt_state: Any, labels: Callable | None) -> str:
     """One line: trainable parameters of all, and the optimizer state's bytes."""
     leaves = jax.tree_util.tree_leaves_with_path(params)

@@ -180,7 +180,7 @@ def sample_text(
         if asked and budget < asked:
             logging.warning(
                 "Prompt %d (%d tokens) leaves room for %d new tokens within max_len=%d: it is "
-                "continued by %d, not %d.", index, len(rows[index]), budget,
+                "continued by %d, not %d.", index, len(tokenizer.encode(prompts[index])), budget,
                 options.max_len, budget, asked,
             )  # fmt: skip
     strategy = text_strategy(options)

@@ -8,9 +8,12 @@ every checkpoint), so the host never waits on the accelerator between steps; the
 fetched together and checked for NaN/inf, so a diverged run stops with the step named, before
 a bad state can be checkpointed.
 
-Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...}` in the
-run directory's metrics file; the same scalars go to its TensorBoard folder as
-`<split>/<name>` (`train.run.rundir` names both).
+Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...,
+"wall_s": t}` in the run directory's metrics file; the same scalars go to its TensorBoard
+folder as `<split>/<name>` (`train.run.rundir` names both). `wall_s` (`RunClock`) is the
+seconds since the command started, start-up and compilation included, so time to quality
+reads off any run; TensorBoard gets it as `<split>/wall_s` and as each event's wall time
+(its "relative" axis is then the same clock, across resumes too).
 """
 
 from __future__ import annotations
@@ -61,10 +64,43 @@ def summarize(sums: Mapping[str, float], chars_per_token: float | None = None) -
     return out
 
 
+class RunClock:
+    """The seconds a run has taken: since its command started, start-up and compilation
+    included; a resumed run counts on from the seconds its last checkpoint recorded.
+
+    So a resumed run's clock adds the restart (start-up, compilation, restore) and leaves
+    out the steps lost after that checkpoint, which are trained again and counted then:
+    the clock is the time the run's records cost, as if it had never stopped, plus its
+    restarts. Monotonic (`time.perf_counter`) within a process.
+    """
+
+    def __init__(self, started: float | None = None):
+        """Args: started: `time.time()` when the command started (e.g. `train.main` reads
+        it before importing anything heavy); None: now."""
+        now_epoch, now = time.time(), time.perf_counter()
+        started = now_epoch if started is None else started
+        self._origin = now - (now_epoch - started)  # the start on the perf_counter clock
+        self._started_epoch = started
+        self.offset = 0.0
+
+    def resume(self, seconds: float) -> None:
+        """Counts on from `seconds`, the clock a checkpoint recorded."""
+        self.offset = float(seconds)
+
+    def seconds(self) -> float:
+        """The run's seconds so far."""
+        return self.offset + time.perf_counter() - self._origin
+
+    def epoch(self, seconds: float) -> float:
+        """The `time.time()` at which a run that never stopped would have reached `seconds`
+        (TensorBoard's event wall time)."""
+        return self._started_epoch - self.offset + seconds
+
+
 class MetricsWriter:
     """Appends records to `metrics.jsonl` and TensorBoard; resumes without duplicates."""
 
-    def __init__(self, run: RunDir, resume_step: int = 0):
+    def __init__(self, run: RunDir, resume_step: int = 0, clock: RunClock | None = None):
         """Opens the writers.
 
         Args:
@@ -72,6 +108,8 @@ class MetricsWriter:
             resume_step: the step training restarts from; records of later steps (written
                 by the interrupted run after its last checkpoint) are removed from the JSONL;
                 those kept are never written twice.
+            clock: adds `wall_s` (its seconds when the record is written) to every record;
+                None adds nothing.
         """
         from tensorboardX import SummaryWriter  # heavy import, only where written
 
@@ -84,20 +122,27 @@ class MetricsWriter:
         # (e.g. the final one, when results.json was lost) must not log it twice.
         self._written = {(r["step"], r["split"]) for r in kept}
         self._tb = SummaryWriter(str(run.tensorboard))
+        self.clock = clock
 
     def write(self, step: int, split: str, values: Mapping[str, float]) -> None:
         """Writes one record; non-finite numbers are stored as strings ('nan', 'inf').
 
-        A record whose (step, split) is already in the file is not written again.
+        A record whose (step, split) is already in the file is not written again. With a
+        clock, the record gets `wall_s` (unless `values` has one) and its TensorBoard
+        events that wall time.
         """
         if (int(step), split) in self._written:
             return
         self._written.add((int(step), split))
         record = {"step": int(step), "split": split}
+        walltime = None
+        if self.clock is not None:
+            values = {**values, "wall_s": values.get("wall_s", self.clock.seconds())}
+            walltime = self.clock.epoch(float(values["wall_s"]))
         for name, value in values.items():
             value = float(value)
             record[name] = value if math.isfinite(value) else str(value)
-            self._tb.add_scalar(f"{split}/{name}", value, int(step))
+            self._tb.add_scalar(f"{split}/{name}", value, int(step), walltime=walltime)
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -236,6 +281,33 @@ class TrainLog:
         return summary
 
 
+class Target:
+    """`--config.target_valid_loss` / `--config.target_bleu`: whether an evaluation reached
+    one, and where (the first that did)."""
+
+    def __init__(self, valid_loss: float = 0.0, bleu: float = 0.0):
+        """Args: the run section's targets; 0 = none."""
+        self.valid_loss, self.bleu = valid_loss, bleu
+        self.reached: dict | None = None
+
+    def check(self, metric: str, value: float, step: int, wall_s: float) -> bool:
+        """Records and returns whether `value` of `metric` ('valid_loss': at most the target;
+        'bleu': at least) reaches a target not reached before."""
+        threshold = self.valid_loss if metric == "valid_loss" else self.bleu
+        if not threshold or self.reached is not None:
+            return False
+        if value <= threshold if metric == "valid_loss" else value >= threshold:
+            self.reached = {"metric": metric, "value": value, "step": step, "wall_s": wall_s}
+            return True
+        return False
+
+    def result(self, step: int) -> dict:
+        """`results.json`'s 'target': the targets, whether one was reached, and where (else
+        the last step)."""
+        out = {"valid_loss": self.valid_loss, "bleu": self.bleu, "reached": bool(self.reached)}
+        return {**out, **(self.reached or {"step": step})}
+
+
 # Steps dispatched before one is waited for, in validation (evaluate_loss) and on several
 # CPU devices in the training loop (train_lib).
 STEPS_IN_FLIGHT = 16
@@ -297,6 +369,24 @@ def _score_line(name: str, scores: dict) -> str:
     )
 
 
+def format_target(target: dict) -> str:
+    """The report's line on `--config.target_valid_loss` / `--config.target_bleu`
+    (`train.train_lib`'s `results['target']`)."""
+    asked = " and ".join(
+        f"{name} {target[key]:g}"
+        for key, name in (("valid_loss", "validation loss <="), ("bleu", "BLEU >="))
+        if target.get(key)
+    )
+    if not target["reached"]:
+        return f"Target ({asked}) not reached in {target['step']} steps."
+    what = "validation loss" if target["metric"] == "valid_loss" else "BLEU"
+    return (
+        f"Target reached: {what} {target['value']:.3f} at step {target['step']}, "
+        f"{target['wall_s']:.1f} s after the command started (start-up and compilation "
+        f"included; target {asked})."
+    )
+
+
 def format_report(results: dict) -> str:
     """The text printed at the end of a run: validation metrics, BLEU/chrF, samples."""
     valid = results["valid"]
@@ -308,6 +398,8 @@ def format_report(results: dict) -> str:
     ]
     if "data" in results:  # a chat run: what became of its conversations
         lines.append(_conversations_line(results["data"]))
+    if "target" in results:
+        lines.append(format_target(results["target"]))
     if "bleu" in results:
         bleu = results["bleu"]
         lines.append(f"On {bleu['examples']} {bleu.get('of', 'validation sentences')}:")

@@ -46,6 +46,12 @@ class TrainState:
     rng: jax.Array
 
 
+def state_params(state: TrainState) -> Any:
+    """The state's own parameters: what every optimizer but schedule-free AdamW evaluates
+    (`train.program.optim.evaluation_params`)."""
+    return state.params
+
+
 def _boxed_init(model: nn.Module, task: Task, tx, seed: int, rng_impl: str):
     """The function computing the step-0 TrainState, parameters still boxed with their
     logical axis names."""
@@ -165,10 +171,37 @@ def create_train_state(
     return jax.jit(init, out_shardings=shardings, donate_argnums=0)(placed)
 
 
-def _token_metrics(logits, labels, loss, weights, pad_id: int) -> dict[str, jax.Array]:
+def _trained_grads(loss_fn, params, frozen_mask):
+    """`jax.value_and_grad(loss_fn, has_aux=True)(params)`, differentiated with respect to
+    the parameters `frozen_mask` leaves trained only; a frozen one's gradient is zeros."""
+    leaves, treedef = jax.tree.flatten(params)
+    mask = treedef.flatten_up_to(frozen_mask)
+    trained = [leaf for leaf, is_frozen in zip(leaves, mask, strict=True) if not is_frozen]
+
+    def of_trained(trained):
+        it = iter(trained)
+        whole = [
+            leaf if is_frozen else next(it) for leaf, is_frozen in zip(leaves, mask, strict=True)
+        ]
+        return loss_fn(jax.tree.unflatten(treedef, whole))
+
+    value, trained_grads = jax.value_and_grad(of_trained, has_aux=True)(trained)
+    it = iter(trained_grads)
+    grads = [
+        jnp.zeros_like(leaf) if is_frozen else next(it)
+        for leaf, is_frozen in zip(leaves, mask, strict=True)
+    ]
+    return value, jax.tree.unflatten(treedef, grads)
+
+
+def _token_metrics(
+    logits, labels, loss, weights, pad_id: int, nll: jax.Array | None = None
+) -> dict[str, jax.Array]:
     """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens' (labels equal to
-    the tokenizer's `pad_id` are not counted)."""
-    nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=pad_id)
+    the tokenizer's `pad_id` are not counted). `nll`: the per-token nll where the caller
+    has it (the loss of a step without label smoothing)."""
+    if nll is None:
+        nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=pad_id)
     correct = (jnp.argmax(logits, axis=-1) == labels) * weights
     return {
         "loss": loss.sum(),
@@ -191,6 +224,7 @@ def train_step(
     unk_id: int = UNK_ID,
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
     drop_pad_logit: bool = False,
+    frozen: Callable[[Any], Any] | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
 
@@ -208,6 +242,10 @@ def train_step(
         drop_pad_logit: the pad id is an id added after the vocabulary (an imported
             checkpoint, `train.data.hf_tokenizer`): its logit, the last, is left out of the
             softmax, so the loss is the checkpoint's own over its V ids.
+        frozen: parameters -> a tree of bools, True where a parameter is not trained (the
+            fine-tuning group 'frozen': every pretrained weight under LoRA); the gradient is
+            taken of the others only, so the backward pass computes no weight gradient of a
+            frozen matrix (a third of a layer's matmuls), and the frozen ones get zeros.
 
     Returns:
         (new state, metric sums: loss, nll, correct, tokens; grad_norm and learning_rate
@@ -234,10 +272,17 @@ def train_step(
         mean_loss = loss.sum() / jnp.maximum(weights.sum(), 1.0)
         return mean_loss, (logits, labels, loss, weights)
 
-    (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    mask = None if frozen is None else frozen(state.params)
+    if mask is None or not any(jax.tree.leaves(mask)):
+        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    else:
+        (_, aux), grads = _trained_grads(loss_fn, state.params, mask)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = _token_metrics(*aux, pad_id=model.config.pad_id)
+    # Without smoothing the loss is the nll: no second pass over the vocabulary.
+    metrics = _token_metrics(
+        *aux, pad_id=model.config.pad_id, nll=None if label_smoothing else aux[2]
+    )
     metrics["grad_norm"] = optax.tree.norm(grads)
     if learning_rate is not None:
         metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
@@ -286,6 +331,7 @@ def jit_steps(
     share: RowShare = WHOLE_BATCH,
     learning_rate: Callable[[jax.Array], jax.Array] | None = None,
     drop_pad_logit: bool = False,
+    frozen: Callable[[Any], Any] | None = None,
 ) -> tuple[Callable, Callable, Callable]:
     """The jitted train and eval steps, and a function placing a numpy batch on the mesh.
 
@@ -296,7 +342,7 @@ def jit_steps(
         share: the rows of each global batch that this process's numpy batches hold
             (`train.run.distributed.batch_row_share`); all of them in a single process.
         label_smoothing, rng_impl, target_token_dropout, unk_id, learning_rate,
-            drop_pad_logit: as in `train_step`.
+            drop_pad_logit, frozen: as in `train_step`.
 
     Returns:
         (train_step(state, batch), eval_step(params, batch), put_batch(numpy batch)).
@@ -318,6 +364,7 @@ def jit_steps(
                 unk_id=unk_id,
                 learning_rate=learning_rate,
                 drop_pad_logit=drop_pad_logit,
+                frozen=frozen,
             ),
             mesh,
             rules,

@@ -297,7 +297,7 @@ class TranslationTask(Task):
     name = "translation"
     corpora = corpora_for("translation")
     hf_fields = 2
-    own_fields = ("copied_targets", "target_token_dropout")
+    own_fields = ("copied_targets", "target_token_dropout", "target_bleu")
     file_corpus = "tsv"
     packings = ("none", "segments")
     sides = (
@@ -518,12 +518,13 @@ class LanguageModelTask(Task):
             budgets = inference.continuation_budgets(lengths, decode.max_len, decode.max_decode_len)
         except ValueError as err:
             raise ValueError(f"--config.sample_prompts={prompts!r}: {err}") from None
-        for prompt, length, budget in zip(prompts, lengths, budgets, strict=True):
+        for prompt, budget in zip(prompts, budgets, strict=True):
             if decode.max_decode_len and budget < decode.max_decode_len:
                 logging.warning(
                     "--config.max_decode_len=%d: the sample prompt %r (%d tokens) leaves room "
                     "for %d new tokens within --config.max_len=%d; it will be continued by %d.",
-                    decode.max_decode_len, prompt, length, budget, decode.max_len, budget,
+                    decode.max_decode_len, prompt, len(tokenizer.encode(prompt)), budget,
+                    decode.max_len, budget,
                 )  # fmt: skip
         inference.check_strategy(
             inference.text_strategy(decode),

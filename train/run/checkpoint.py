@@ -221,13 +221,26 @@ class Checkpointer:
             FileNotFoundError: there is no checkpoint.
             CheckpointError: no checkpoint restores (the newest one's error).
         """
+        parts, step = self.restore_parts({"params": target_params})
+        return parts["params"], step
+
+    def restore_parts(self, targets: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """`restore_params` for several fields of the saved state: e.g. `{'params': ...,
+        'opt_state': ...}` (schedule-free AdamW's evaluation parameters need both).
+
+        Args:
+            targets: field name -> a tree of `jax.ShapeDtypeStruct`s to restore into.
+
+        Returns:
+            ({field: restored tree}, step).
+        """
         steps = sorted(self._manager.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(
                 f"No checkpoint in {self.directory} ; train first with `python -m train.main "
                 f"--workdir {self.directory.parent}`."
             )
-        restore_args = ocp.checkpoint_utils.construct_restore_args(target_params)
+        restore_args = ocp.checkpoint_utils.construct_restore_args(targets)
         first_error = None
         for step in steps:
             try:
@@ -236,9 +249,7 @@ class Checkpointer:
                     args=ocp.args.Composite(
                         **{
                             _STATE: ocp.args.PyTreeRestore(
-                                item={"params": target_params},
-                                restore_args={"params": restore_args},
-                                partial_restore=True,
+                                item=targets, restore_args=restore_args, partial_restore=True
                             )
                         }
                     ),
@@ -255,7 +266,7 @@ class Checkpointer:
                 continue
             if step != steps[0]:
                 logging.warning("%s; using step %d instead.", first_error, step)
-            return restored[_STATE]["params"], step
+            return {name: restored[_STATE][name] for name in targets}, step
         raise first_error
 
     def restore_newest_good(self, target_state: Any) -> tuple[Any, dict[str, Any]]:

@@ -64,6 +64,8 @@ ARCHITECTURE_FIELDS = (
     "ffn_bias",
     "norm_bias",
     "output_bias",
+    "qk_norm",
+    "logits_soft_cap",
 )
 
 

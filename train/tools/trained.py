@@ -19,6 +19,7 @@ from train.config import config_lib
 from train.config.sections import Experiment
 from train.data.tokenizer import Tokenizer
 from train.data.tokenizers import run_tokenizer
+from train.program import optim
 from train.program.tasks import get_task
 from train.run.checkpoint import Checkpointer
 from train.run.rundir import RunDir
@@ -32,7 +33,9 @@ class TrainedModel(NamedTuple):
             filled in (`config_lib.read_saved`).
         tokenizer: the run's tokenizer.
         model: the `Transformer` or `DecoderOnlyTransformer` of the run's model section.
-        params: the newest parameters that restore, on device.
+        params: the newest parameters that restore, on device; of a run trained with
+            schedule-free AdamW, its evaluation point (`optim.evaluation_params`), as the
+            run itself evaluated.
         step: the step they were saved at.
         experiment: the checked sections of `config` (`train.config.sections.Experiment`); for
             example `experiment.eval.decode` is how the run decodes.
@@ -74,10 +77,20 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     init_inputs = task.init_inputs()
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
+    targets = {"params": target}
+    if experiment.optimizer.optimizer == "schedule_free_adamw":
+        # Its parameters are where it took gradients; the state's averages give the point
+        # it evaluates (the run had no fine-tuning groups: config_lib refuses them).
+        schedule = optim.make_schedule(experiment.schedule)
+        tx = optim.make_optimizer(experiment.optimizer, schedule)
+        targets["opt_state"] = jax.eval_shape(tx.init, target)
     checkpointer = Checkpointer(run.path, read_only=True)
     try:
-        params, step = checkpointer.restore_params(target)
+        parts, step = checkpointer.restore_parts(targets)
     finally:
         checkpointer.close()
+    params = parts["params"]
+    if "opt_state" in parts:
+        params = jax.jit(optim.evaluation_params)(parts["opt_state"], params)
     params = jax.device_put(params)  # on device once, not per call
     return TrainedModel(config, tokenizer, model, params, step, experiment)
