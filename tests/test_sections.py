@@ -171,15 +171,16 @@ def test_validate_config_returns_the_sections():
 
 
 def test_the_sections_load_alone():
-    # Nothing of train/ comes with them but the corpus table, a leaf: the tasks and the
-    # decoding may read them freely.
+    # Nothing of train/ comes with them but the corpus table, a leaf, and the plain
+    # conversations it reads (no template engine, no tokenizer): the tasks and the decoding
+    # may read them freely.
     code = (
         "import sys, train.config.sections; "
         "print(sorted(m for m in sys.modules if m.startswith('train.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout.strip()))
-    table = {"train.data", "train.data.corpora"}
+    table = {"train.data", "train.data.corpora", "train.data.conversations"}
     assert {"train.config", "train.config.sections", *table} <= loaded
     others = {m for m in loaded - table if not m.startswith("train.data.corpora.")}
     assert others == {"train.config", "train.config.sections"}
@@ -188,7 +189,10 @@ def test_the_sections_load_alone():
 @pytest.mark.parametrize(
     "updates, message",
     [
-        ({"task": "chat"}, r"--config.task='chat': must be one of \('translation', 'lm'\)"),
+        (
+            {"task": "sft"},
+            r"--config.task='sft': must be one of \('translation', 'lm', 'chat'\)",
+        ),
         ({"corpus": "kjv"}, r"--config.corpus='kjv': task='translation' reads one of"),
         (
             {"packing": "stream", "batch_size": 32, "tokens_per_batch": 0},

@@ -1,9 +1,14 @@
-"""Sample from a trained language model: `python -m train.sample --workdir DIR --prompt "..."`.
+"""Sample from a trained language model: `python -m train.sample --workdir DIR --prompt "..."`,
+or ask a chat model: `python -m train.sample --workdir DIR --chat "..." [--system "..."]`.
 
 Decoding follows the run's config (greedy unless its temperature is > 0); `--temperature`,
 `--top_k` and `--top_p` override it (sampling with `--seed`), and `--max_new_tokens` its
-max_decode_len, each checked as the config field is in training. Prints each prompt with
-its continuation.
+max_decode_len, each checked as the config field is in training. `--prompt` prints each
+prompt with its continuation. `--chat` writes the message (after `--system`'s, if given) with
+the model's chat template and its generation prompt, decodes with the KV cache until the
+end of the assistant's turn, and prints the reply alone: for a run that started from a
+pretrained model with a chat template (`--config.task=chat`, or an 'lm' run from an Instruct
+model), with the run's own template (`--config.chat_template`) where it had one.
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ def _define_flags() -> None:
     notebooks) does not clash with another program's flags in the same process."""
     flags.DEFINE_string("workdir", "runs/lm_kjv", "Run directory written by train.main.")
     flags.DEFINE_multi_string("prompt", None, "Prompt text; repeat the flag for several.")
+    flags.DEFINE_multi_string(
+        "chat", None, "A user message the chat model replies to; repeat for several."
+    )
+    flags.DEFINE_string("system", None, "With --chat: a system message before each message.")
     flags.DEFINE_integer(
         "max_new_tokens", None, "Tokens to generate; 0 = as many as fit; default: the config's."
     )
@@ -56,6 +65,24 @@ def sample_prompts(
     quiet_library_logs()
     tools.check_positive("num_samples", num_samples)
     experiment = tools.read_experiment(workdir, tool="train.sample")
+    options = _options(experiment, max_new_tokens, temperature, top_k, top_p, seed)
+    trained = tools.load_run(workdir)
+    try:
+        return sample_text(
+            trained.model,
+            trained.params,
+            trained.tokenizer,
+            [p for p in prompts for _ in range(num_samples)],
+            options,
+        )
+    except ValueError as err:
+        die(str(err))
+
+
+def _options(experiment, max_new_tokens, temperature, top_k, top_p, seed):
+    """The run's decoding options with the flags given, checked (a one-line exit)."""
+    from train.tools import tools
+
     options = tools.decode_options(
         experiment.eval.decode,
         {
@@ -74,14 +101,71 @@ def sample_prompts(
             f"--top_k={top_k} / --top_p={top_p} do nothing with greedy decoding "
             "(temperature 0); add --temperature (e.g. 0.8) to sample."
         )
+    return options
+
+
+def chat_replies(
+    workdir: str | os.PathLike,
+    messages: Sequence[str],
+    *,
+    system: str | None = None,
+    max_new_tokens: int | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    num_samples: int = 1,
+) -> list[str]:
+    """The program with `--chat`: the model's reply to each user message (after `system`,
+    if given), `num_samples` times, rendered with the run's chat template and decoded until
+    the end of the assistant's turn. Any error ends the process with one line, a bad option
+    or a run without a chat template before the checkpoint is read.
+
+    Returns:
+        The replies alone, the samples of a message together.
+    """
+    from train.data.chat_examples import run_chat_encoder
+    from train.data.tokenizers import run_tokenizer
+    from train.program.inference import chat_replies as decode_replies
+    from train.run.rundir import RunDir
+    from train.tools import tools
+
+    quiet_library_logs()
+    tools.check_positive("num_samples", num_samples)
+    experiment = tools.read_experiment(workdir, tool="train.sample")
+    options = _options(experiment, max_new_tokens, temperature, top_k, top_p, seed)
+    data, run = experiment.data, RunDir(workdir)
+    if not data.init_from:
+        die(
+            f"--chat: {workdir} trained a model from scratch, with no chat template; --chat "
+            "asks a model fine-tuned from a pretrained one that has one (--config.init_from, "
+            "e.g. configs/sft_smollm2.py). Continue text with --prompt instead."
+        )
+    try:
+        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run)
+        encoder = run_chat_encoder(
+            tokenizer,
+            run.pretrained,
+            train_on=data.train_on,
+            chat_template=data.chat_template,
+            init_from=data.init_from,
+        )
+        head = [{"role": "system", "content": system}] if system is not None else []
+        prompts = [
+            encoder.prompt_ids([*head, {"role": "user", "content": message}], where="--chat")
+            for message in messages
+        ]
+    except (FileNotFoundError, ValueError) as err:
+        die(f"--chat: {err}")
     trained = tools.load_run(workdir)
     try:
-        return sample_text(
+        return decode_replies(
             trained.model,
             trained.params,
             trained.tokenizer,
             [p for p in prompts for _ in range(num_samples)],
             options,
+            encoder.stop_ids,
         )
     except ValueError as err:
         die(str(err))
@@ -91,8 +175,27 @@ def main(argv: list[str]) -> None:
     given = flags.FLAGS
     if len(argv) > 1:
         die(f"unexpected arguments {argv[1:]} ; pass prompts with --prompt.", USAGE_ERROR)
+    if given.prompt and given.chat:
+        die("--prompt and --chat: give one of them (text to continue, or messages to reply to).")
+    if given.system is not None and not given.chat:
+        die("--system goes with --chat: the system message of a conversation.")
+    if given.chat:
+        replies = chat_replies(
+            given.workdir,
+            given.chat,
+            system=given.system,
+            max_new_tokens=given.max_new_tokens,
+            temperature=given.temperature,
+            top_k=given.top_k,
+            top_p=given.top_p,
+            seed=given.seed,
+            num_samples=given.num_samples,
+        )
+        for reply in replies:
+            print(reply)
+        return
     if not given.prompt:
-        die('no prompt ; give one: --prompt "In the beginning".', USAGE_ERROR)
+        die('no prompt ; give one: --prompt "In the beginning" (or --chat "Hello").', USAGE_ERROR)
     outputs = sample_prompts(
         given.workdir,
         given.prompt,

@@ -3,6 +3,7 @@ for a downloaded checkpoint in the fine-tuning example (docs/training.md) and th
 
     python -m train.tiny_pretrained --out /tmp/tiny-gpt2 --family gpt2
     python -m train.tiny_pretrained --out /tmp/tiny-llama --family llama
+    python -m train.tiny_pretrained --out /tmp/tiny-chat --family llama --chat   # ChatML
 
 The tokenizer is a byte-level BPE (GPT-2's design: every byte is a symbol, so any text
 round-trips) trained with the `tokenizers` library on the King James Bible shipped with
@@ -21,10 +22,19 @@ from absl import app, flags
 
 # Special tokens of each family's tokenizer: GPT-2 marks start and end with one token.
 SPECIALS = {"gpt2": ("<|endoftext|>", "<|endoftext|>"), "llama": ("<s>", "</s>")}
+# A chat model's control tokens and template (ChatML, as SmolLM2's and Qwen's, without a
+# default system prompt).
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int, family: str):
-    """A byte-level BPE tokenizer (`tokenizers.Tokenizer`) with the family's special tokens."""
+def train_tokenizer(texts: Sequence[str], vocab_size: int, family: str, chat: bool = False):
+    """A byte-level BPE tokenizer (`tokenizers.Tokenizer`) with the family's special tokens
+    (and ChatML's control tokens where `chat`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     bos, eos = SPECIALS[family]
@@ -33,7 +43,7 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int, family: str):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=sorted({bos, eos}),
+        special_tokens=sorted({bos, eos} | (set(CHATML_TOKENS) if chat else set())),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -53,6 +63,7 @@ def write_tiny_model(
     num_kv_heads: int = 2,
     max_len: int = 128,
     seed: int = 0,
+    chat: bool = False,
 ) -> pathlib.Path:
     """Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json.
 
@@ -63,6 +74,8 @@ def write_tiny_model(
         texts: the tokenizer's training text; None = 3,000 KJV verses.
         vocab_size, d_model, num_layers, num_heads, num_kv_heads, max_len: the model's size.
         seed: torch's seed for the random weights.
+        chat: a chat model: ChatML's control tokens in the tokenizer and its template in
+            tokenizer_config.json (`--config.task=chat` reads it).
 
     Returns:
         The directory.
@@ -78,7 +91,7 @@ def write_tiny_model(
         texts = load_kjv_lines()[:3000]
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_tokenizer(texts, vocab_size, family)
+    tokenizer = train_tokenizer(texts, vocab_size, family, chat)
     tokenizer.save(str(out / "tokenizer.json"))
     bos, eos = SPECIALS[family]
     bos_id, eos_id = tokenizer.token_to_id(bos), tokenizer.token_to_id(eos)
@@ -116,6 +129,8 @@ def write_tiny_model(
         "eos_token": eos,
         "model_max_length": max_len,
     }
+    if chat:
+        tokenizer_config["chat_template"] = CHATML_TEMPLATE
     (out / "tokenizer_config.json").write_text(
         json.dumps(tokenizer_config, indent=2) + "\n", encoding="utf-8"
     )
@@ -124,11 +139,12 @@ def write_tiny_model(
 
 _OUT = flags.DEFINE_string("out", None, "The directory to write.", required=True)
 _FAMILY = flags.DEFINE_enum("family", "gpt2", list(SPECIALS), "The model family.")
+_CHAT = flags.DEFINE_bool("chat", False, "A chat model: ChatML tokens and template.")
 
 
 def main(argv: Sequence[str]) -> None:
     del argv
-    path = write_tiny_model(_OUT.value, _FAMILY.value)
+    path = write_tiny_model(_OUT.value, _FAMILY.value, chat=_CHAT.value)
     print(f"Wrote a tiny {_FAMILY.value} model to {path}")
 
 

@@ -147,8 +147,9 @@ def _pretrained_model(
 ) -> TransformerConfig:
     """The model of `--config.init_from`'s source with the run's own model choices
     (`merge_model_config`), checked against the data fields."""
-    if data.task != "lm":
-        raise fail("task", data.task, "init_from starts a decoder-only model: use task='lm'")
+    if not TASKS[data.task].fine_tunes:
+        tasks = tuple(name for name, task in TASKS.items() if task.fine_tunes)
+        raise fail("task", data.task, f"init_from starts a decoder-only model: use one of {tasks}")
     source = sources.open_source(data.init_from, workdir)
     model = merge_model_config(source.config_origin, source_model(source), dict(config.model))
     if data.max_len > model.max_len:
@@ -229,6 +230,14 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     if config.packing in PACKINGS and config.packing not in task.packings:
         raise fail(
             "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
+        )
+    if task.needs_pretrained and not config.get("init_from"):
+        raise fail(
+            "init_from",
+            config.get("init_from", ""),
+            f"task={task.name!r} fine-tunes a pretrained model that has a chat template (an "
+            "Instruct model): --config.init_from=smollm2, a Hugging Face directory or a GGUF "
+            "file, with --config.tokenizer=pretrained",
         )
     others = {f for other in TASKS.values() for f in other.own_fields} - set(task.own_fields)
     for field in sorted(others):

@@ -17,8 +17,9 @@ the command line (`--config.field=value`), so an override is fixed where it was 
 depends on the task registry (the corpora, packings and fields a task accepts) is checked
 by `validate_config`, above the registry. The corpora come from their table
 (`train.data.corpora`), a leaf that imports nothing of the program, so that the tasks and the
-decoding may read the sections without a circle. Every function of the program receives the
-section it reads, never the whole config.
+decoding may read the sections without a circle; the names of the chat loss masks from
+`train.data.conversations`, plain Python that the table's conversations read too. Every
+function of the program receives the section it reads, never the whole config.
 
 The sections are data: what is built from them lives in `train/program/` (the schedule and
 the optax optimizer in `train.program.optim`, the decoding strategies in
@@ -36,6 +37,7 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train.data import corpora
+from train.data.conversations import TRAIN_ON
 from train.data.corpora.files import TEXT_DOCUMENTS
 
 # Every --config.corpus value, in the order of the corpus table (`train.data.corpora`).
@@ -159,6 +161,10 @@ class DataConfig(_ReadByName):
     init_from: str = ""
     # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
     text_in_memory: bool = False
+    # task 'chat': which tokens are trained ('assistant', 'last', 'all'), and a Jinja chat
+    # template file that replaces the model's ('' = the model's own).
+    train_on: str = "assistant"
+    chat_template: str = ""
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # The tasks whose documents are kept verbatim when collapse_whitespace is None: a
@@ -215,6 +221,7 @@ class DataConfig(_ReadByName):
             ("tokenizer", TOKENIZERS),
             ("direction", DIRECTIONS),
             ("packing", PACKINGS),
+            ("train_on", TRAIN_ON),
         ):
             _check_choice(self, name, allowed)
         _check_positive_ints(self, "vocab_size", "max_len")
@@ -273,7 +280,10 @@ class DataConfig(_ReadByName):
             raise fail(
                 "store_dir",
                 self.store_dir,
-                "a token store feeds task='lm' ; set --config.store_dir='' for translation",
+                "a token store feeds task='lm' : it holds documents' token ids, not a "
+                "translation's pairs nor a conversation's loss mask ; set "
+                "--config.store_dir='' to read the corpus in memory (conversations are "
+                "rendered, tokenized and packed at every start)",
             )
         if not corpora.CORPORA[self.corpus].storable:
             raise fail(
@@ -304,7 +314,7 @@ class DataConfig(_ReadByName):
                 "must be True, False, or None (the task's default)",
             )
         _check_choice(self, "text_documents", TEXT_DOCUMENTS)
-        for name in ("valid_path", "test_path"):
+        for name in ("valid_path", "test_path", "chat_template"):
             if not isinstance(getattr(self, name), str):
                 raise fail(name, getattr(self, name), "must be a file path (or '' for none)")
         if self.valid_path and self.valid_path == self.test_path:

@@ -8,6 +8,9 @@ and its labels key with all but the first, so that the labels are the inputs shi
 - translation: `src` (B, L) the source ids; `tgt_in` (B, L) BOS + target ids (decoder input);
   `tgt_out` (B, L) target ids + EOS (labels). Source and target share the bucket length L.
 - language modelling: `inputs` (B, L) BOS + ids and `targets` (B, L) ids + EOS.
+- a conversation (`MaskedTokens`): its ids as the template wrote them, nothing added;
+  `inputs` all but the last, `targets` all but the first where its mask trains that token
+  and the pad id elsewhere, so the loss and the metrics count the trained tokens only.
 Every array is int32, padded with the tokenizer's pad id (`pad_id`, PAD_ID = 0 for the
 tokenizers trained here). A batch's L is one of a few bucket lengths and
 its B is fixed per bucket, so the training step compiles once per bucket. Rows past the data
@@ -35,7 +38,7 @@ ON_TOO_LONG = ("drop", "error")
 
 Batch = dict[str, np.ndarray]
 # An example's token ids on each of its sides, in the order of the task's `sides`.
-SideTokens = tuple[Sequence[int], ...]
+SideTokens = tuple["Sequence[int] | MaskedTokens", ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +74,31 @@ class RowShare:
 WHOLE_BATCH = RowShare()
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MaskedTokens:
+    """A side's tokens that carry their own loss mask (a conversation: `train.data.chat`),
+    taken as they are: no BOS or EOS is put around them.
+
+    Attributes:
+        ids: int `(T,)`, the whole sequence.
+        trained: bool `(T,)`, True where the token is a label of the loss (the first
+            token is never one: nothing precedes it).
+    """
+
+    ids: np.ndarray
+    trained: np.ndarray
+
+    def __post_init__(self):
+        if np.shape(self.ids) != np.shape(self.trained) or np.ndim(self.ids) != 1:
+            raise ValueError(
+                f"MaskedTokens needs ids and trained of one shape (T,), got "
+                f"{np.shape(self.ids)} and {np.shape(self.trained)}."
+            )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
 @dataclasses.dataclass(frozen=True)
 class Side:
     """The batch keys that one side of an example fills.
@@ -96,8 +124,16 @@ class Side:
         """The row slots the side's tokens take: one fewer than the tokens with labels."""
         return len(tokens) - (self.labels_key is not None)
 
-    def sequences(self, tokens: Sequence[int]) -> dict[str, Sequence[int]]:
-        """What goes into each of the side's token keys."""
+    def sequences(
+        self, tokens: Sequence[int] | MaskedTokens, pad_id: int = PAD_ID
+    ) -> dict[str, Sequence[int]]:
+        """What goes into each of the side's token keys: the labels are the tokens shifted
+        by one, and `pad_id` (no label) where `MaskedTokens` trains no token."""
+        if isinstance(tokens, MaskedTokens):
+            if self.labels_key is None:
+                raise ValueError(f"Side {self.key!r} has no labels for a loss mask to select.")
+            labels = np.where(tokens.trained[1:], tokens.ids[1:], pad_id)
+            return {self.key: tokens.ids[:-1], self.labels_key: labels}
         if self.labels_key is None:
             return {self.key: tokens}
         return {self.key: tokens[:-1], self.labels_key: tokens[1:]}
@@ -283,7 +319,7 @@ def bucketed_batches(
         chosen = [examples[i] for i in members[part]]
         batch = {}
         for s, side in enumerate(sides):
-            sequences = [side.sequences(example[s]) for example in chosen]
+            sequences = [side.sequences(example[s], pad_id) for example in chosen]
             for key in side.keys:
                 batch[key] = fill_rows(
                     part.stop - part.start, length, [x[key] for x in sequences], pad_id

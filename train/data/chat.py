@@ -52,10 +52,9 @@ from typing import Any, Protocol
 import jinja2
 import numpy as np
 
-from train.data.chat_template import ROLES, ChatTemplate
+from train.data.chat_template import ChatTemplate
+from train.data.conversations import TRAIN_ON, ChatError, check_messages
 
-# `--config.train_on` values.
-TRAIN_ON = ("assistant", "last", "all")
 # The reply of the conversations that find a template's end-of-turn token: plain letters,
 # which no template trims or escapes.
 _PROBE_REPLY = "Zqx7probeReplyZqx7"
@@ -88,10 +87,6 @@ class ChatTokenizer(Protocol):
     def id_to_piece(self, token_id: int) -> str: ...
 
 
-class ChatError(ValueError):
-    """A conversation or template refused (the message names which, and the fix)."""
-
-
 @dataclasses.dataclass(frozen=True, eq=False)
 class ChatExample:
     """One conversation as ids and a loss mask.
@@ -117,36 +112,6 @@ class ChatExample:
     @classmethod
     def dropped(cls, reason: str) -> ChatExample:
         return cls(np.zeros((0,), np.int32), np.zeros((0,), bool), reason)
-
-
-def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
-    """`messages` as a list of `{role, content}` dicts (other keys are not passed on).
-
-    Raises:
-        ChatError: not a non-empty list of dicts, a role outside `ROLES`, or a content that
-            is not a string (naming `where` and the message).
-    """
-    if not isinstance(messages, (list, tuple)) or not messages:
-        raise ChatError(
-            f"{where}: 'messages' must be a non-empty list of {{role, content}}, got "
-            f"{type(messages).__name__ if messages else messages!r}."
-        )
-    out = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping):
-            raise ChatError(f"{where}: messages[{i}] is a {type(message).__name__}, not a dict.")
-        role, content = message.get("role"), message.get("content")
-        if role not in ROLES:
-            raise ChatError(
-                f"{where}: messages[{i}] has role {role!r}; the roles are {', '.join(ROLES)}."
-            )
-        if not isinstance(content, str):
-            raise ChatError(
-                f"{where}: messages[{i}] ({role}) has content of type {type(content).__name__}; "
-                "it must be a string (an empty one is allowed)."
-            )
-        out.append({"role": role, "content": content})
-    return out
 
 
 class ChatEncoder:

@@ -53,8 +53,6 @@ SPECIAL_TOKEN_NAMES = (
     "cls_token",
     "mask_token",
 )
-# The roles a message may have.
-ROLES = ("system", "user", "assistant")
 
 
 def _token_text(token: Any) -> str | None:
@@ -220,19 +218,28 @@ def find_chat_template(
 
 
 def source_chat_template(
-    source: sources.Source, template_file: str | os.PathLike | None = None
+    source: sources.Source,
+    template_file: str | os.PathLike | None = None,
+    *,
+    where: str | None = None,
 ) -> ChatTemplate:
     """The chat template of a pretrained source (`--config.init_from`), or `template_file`
     (`--config.chat_template`) with the source's special tokens: a Hugging Face directory's
     files, a GGUF file's `tokenizer.chat_template`, or those of the model a run started from
     (its snapshot, `train.sources.origin`).
 
+    Args:
+        source: the pretrained source, or a run's snapshot of it.
+        template_file: `--config.chat_template`, or None.
+        where: the source as errors name it (default: `--config.init_from=<its path>`; a
+            run reading its snapshot names the source the user gave).
+
     Raises:
         ValueError: as `find_chat_template`; a run trained from scratch (its tokenizer has
             no control tokens to write a conversation with).
     """
     model = sources.origin(source)
-    where = f"--config.init_from={str(source.path)!r}"
+    where = where or f"--config.init_from={str(source.path)!r}"
     if isinstance(model, sources.GGUFSource):
         return find_chat_template(model.tokenizer_config, template_file=template_file, where=where)
     if model is None:

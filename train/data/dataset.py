@@ -25,13 +25,16 @@ class Dataset:
         task: the run's task.
         tokenizer: encodes and decodes text; its special ids are the batching's.
         eval_batches: all the validation batches, in a fixed order.
-        valid_examples: validation texts: (source, target) pairs or lines (empty for a
-            token store, which keeps token ids only).
+        valid_examples: validation texts: (source, target) pairs, lines, or held-out
+            conversations (`train.data.chat_examples.HeldOut`) (empty for a token store,
+            which keeps token ids only).
         chars_per_token: characters of the validation texts per validation label (EOS
             and BOS labels count no character), to turn nats per label into bits per
             character of the original text (exact over all the validation batches).
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
-            valid/test, and how many were dropped as too long (a store: documents, tokens).
+            valid/test, and how many were dropped as too long (a store: documents, tokens);
+            a chat run adds its conversations cut and dropped by reason, and the tokens read
+            and trained, per split (`train.data.chat_examples.ChatCounts.sizes`).
         fingerprint: `data_fingerprint` of the train and validation splits, before
             tokenization (or the token store's `fingerprint`): a resumed run checks that it
             still trains on the same data.

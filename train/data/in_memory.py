@@ -62,6 +62,7 @@ class _Examples:
         valid_texts: the validation examples as text, in step with `valid`.
         num_test: the test examples, which no run reads but whose count it reports.
         dropped: examples dropped as longer than max_len.
+        counted: what the task counted while tokenizing (`Task.encode_split`).
     """
 
     train: list
@@ -70,6 +71,7 @@ class _Examples:
     valid_texts: list
     num_test: int
     dropped: int = 0
+    counted: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def sizes(self) -> dict[str, int]:
         """The counts a `Dataset` reports (see there)."""
@@ -79,6 +81,7 @@ class _Examples:
             "valid": len(self.valid),
             "test": self.num_test,
             "dropped_too_long": self.dropped,
+            **self.counted,
         }
 
 
@@ -166,7 +169,8 @@ def build_dataset(
     packer.check(data, num_devices, share)
     texts = _split(data, task)
     tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes)
-    ids = _with_copies(data.copied_targets, seed, _tokenize(task, tokenizer, texts))
+    ids = _tokenize(data, run, task, tokenizer, texts)
+    ids = _with_copies(data.copied_targets, seed, ids)
     if packer.whole_examples:
         ids = _filter(data.max_len, task, ids)
     _warn_if_few(ids.train)
@@ -219,19 +223,28 @@ def _split(data: DataConfig, task: Task) -> _Examples:
     return _Examples(splits.train, [], splits.valid, list(splits.valid), len(splits.test))
 
 
-def _tokenize(task: Task, tokenizer: Tokenizer, texts: _Examples) -> _Examples:
-    """The examples as token ids.
+def _tokenize(
+    data: DataConfig, run: RunDir, task: Task, tokenizer: Tokenizer, texts: _Examples
+) -> _Examples:
+    """The examples as token ids (`Task.encode_split`: the examples a task drops, and the
+    validation texts of those kept).
 
     Raises:
-        ValueError: an id outside the tokenizer's vocabulary.
+        ValueError: an id outside the tokenizer's vocabulary, or what the task refuses.
     """
-    train = [task.encode(tokenizer, example) for example in texts.train]
-    valid = [task.encode(tokenizer, example) for example in texts.valid]
-    for name, examples in (("train", train), ("validation", valid)):
+    train = task.encode_split(data, tokenizer, run.pretrained, texts.train, "train")
+    valid = task.encode_split(data, tokenizer, run.pretrained, texts.valid, "valid")
+    for name, examples in (("train", train.examples), ("validation", valid.examples)):
         flat = itertools.chain.from_iterable(task.sentences(examples))
         ids = np.fromiter(flat, dtype=np.int64)
         check_token_range(ids, tokenizer.vocab_size, f"{name} split token ids")
-    return dataclasses.replace(texts, train=train, valid=valid)
+    return dataclasses.replace(
+        texts,
+        train=train.examples,
+        valid=valid.examples,
+        valid_texts=valid.texts,
+        counted={**train.sizes, **valid.sizes},
+    )
 
 
 def _with_copies(share: float, seed: int, ids: _Examples) -> _Examples:
@@ -262,7 +275,7 @@ def _filter(max_len: int, task: Task, ids: _Examples) -> _Examples:
         raise ValueError(
             f"No train or validation example fits --config.max_len={max_len}; raise it."
         )
-    return _Examples(train, copies, valid, valid_texts, ids.num_test, dropped)
+    return _Examples(train, copies, valid, valid_texts, ids.num_test, dropped, ids.counted)
 
 
 def _warn_if_few(train: list) -> None:

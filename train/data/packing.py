@@ -21,6 +21,9 @@ segment ids (B, L) int32:
 - translation: `src`, `tgt_in` (BOS + target ids), `tgt_out` (target ids + EOS), then
   `src_segment_ids` and `tgt_segment_ids`; an example's source and target have the same id.
 - language modelling: `inputs` (BOS + ids), `targets` (ids + EOS), `segment_ids`.
+- a conversation (`batching.MaskedTokens`): `inputs` (its ids but the last), `targets` (the
+  next token where its mask trains it, the pad id elsewhere), `segment_ids`: each keeps its
+  own mask in a row.
 All batches have one shape, so the training step compiles once.
 
 Rows are filled by first-fit decreasing (longest example first, each into the first row
@@ -217,7 +220,7 @@ def segment_batches(
     for members in plan:
         tokens, segments = {}, {}
         for s, side in enumerate(sides):
-            per_row = [[side.sequences(examples[i][s]) for i in row] for row in members]
+            per_row = [[side.sequences(examples[i][s], pad_id) for i in row] for row in members]
             for key in side.keys:
                 tokens[key], segments[side.segment_key] = _fill_packed(
                     rows, length, [[x[key] for x in row] for row in per_row], pad_id

@@ -209,6 +209,90 @@ def sample_text(
     return outputs
 
 
+# A chat prompt's width is rounded up to a multiple of this, so that prompts of many lengths
+# compile few shapes (a 30-layer model's decoding takes seconds to compile per shape).
+_PROMPT_WIDTH_STEP = 32
+
+
+def cut_at_stop(ids: np.ndarray, stop_ids: Sequence[int]) -> list[int]:
+    """The ids `(T,)` of one generated row before the first of `stop_ids` (all if none)."""
+    ids = np.asarray(ids).tolist()
+    ends = [ids.index(stop) for stop in stop_ids if stop in ids]
+    return ids[: min(ends)] if ends else ids
+
+
+def chat_replies(
+    model,
+    params: Any,
+    tokenizer: Tokenizer,
+    prompts: Sequence[Sequence[int]],
+    options: DecodeOptions,
+    stop_ids: Sequence[int],
+    *,
+    rng: jax.Array | None = None,
+    max_new_tokens: int | None = None,
+) -> list[str]:
+    """A chat model's reply to each prompt: decoded with the KV cache after the prompt's
+    ids (which end with the template's generation prompt, `ChatEncoder.prompt_ids`), cut
+    at the first stop id (the end of turn, or the EOS), as text.
+
+    Prompts are sorted by length and decoded `options.batch_size` at a time, each batch
+    padded to a width rounded up to `_PROMPT_WIDTH_STEP`, so few shapes compile. A batch
+    stops at its rows' end of turn (`stop_ids[0]`); a row that writes another stop id
+    first (the EOS) is cut there.
+
+    Args:
+        model: a `DecoderOnlyTransformer`.
+        params: its parameters.
+        tokenizer: the run's tokenizer (decodes the replies).
+        prompts: each prompt's ids, complete (nothing is added).
+        options: max_len, batch_size, max_decode_len, temperature, top_k, top_p, seed.
+        stop_ids: the ids a reply ends at (`ChatEncoder.stop_ids`), the end of turn first.
+        rng: PRNG key for sampling (default: key(options.seed)).
+        max_new_tokens: tokens to generate at most (default: max_decode_len, or as many as
+            fit).
+
+    Returns:
+        One reply per prompt, in the input order.
+
+    Raises:
+        ValueError: a prompt leaves no room for a new token within max_len.
+    """
+    if not prompts:
+        return []
+    lengths = [len(p) for p in prompts]
+    asked = max_new_tokens or options.max_decode_len
+    budgets = continuation_budgets(lengths, options.max_len, asked)
+    strategy = text_strategy(options)
+    if not isinstance(strategy, Sample):
+        rng = None
+    elif rng is None:
+        rng = jax.random.key(options.seed)
+    order = sorted(range(len(prompts)), key=lengths.__getitem__)
+    replies: list[str] = [""] * len(prompts)
+    size = options.batch_size
+    for batch, start in enumerate(range(0, len(order), size)):
+        chunk = order[start : start + size]
+        new = min(budgets[i] for i in chunk)
+        longest = max(lengths[i] for i in chunk)
+        step = _PROMPT_WIDTH_STEP
+        width = min(-(-longest // step) * step, options.max_len - new)
+        generated = generate_text(
+            model,
+            {"params": params},
+            _pad_rows([list(prompts[i]) for i in chunk], size, width, tokenizer.pad_id),
+            np.asarray([lengths[i] for i in chunk] + [lengths[chunk[-1]]] * (size - len(chunk))),
+            eos_id=stop_ids[0],
+            max_new_tokens=new,
+            strategy=strategy,
+            rng=None if rng is None else jax.random.fold_in(rng, batch),
+        )
+        generated = np.asarray(jax.device_get(generated))
+        for row, index in enumerate(chunk):
+            replies[index] = tokenizer.decode(cut_at_stop(generated[row], stop_ids))
+    return replies
+
+
 def bleu_and_chrf(
     hypotheses: Sequence[str], references: Sequence[str], tokenize: str
 ) -> dict[str, float]:

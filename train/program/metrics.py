@@ -396,11 +396,13 @@ def format_report(results: dict) -> str:
         f"{valid['perplexity']:.1f}, token accuracy {100 * valid['accuracy']:.1f}%"
         + (f", {valid['bits_per_char']:.3f} bits/char" if "bits_per_char" in valid else ""),
     ]
+    if "data" in results:  # a chat run: what became of its conversations
+        lines.append(_conversations_line(results["data"]))
     if "target" in results:
         lines.append(format_target(results["target"]))
     if "bleu" in results:
         bleu = results["bleu"]
-        lines.append(f"On {bleu['examples']} validation sentences:")
+        lines.append(f"On {bleu['examples']} {bleu.get('of', 'validation sentences')}:")
         lines.append("  " + _score_line(f"model, {bleu['decoding']}", bleu))
         if "bleu_beam" in results:
             beam = results["bleu_beam"]
@@ -409,8 +411,10 @@ def format_report(results: dict) -> str:
             lines.append(
                 "  " + _score_line("copy the source unchanged (baseline)", results["copy_baseline"])
             )
-        headers = ("source", "reference", "model")
-        rows = [(s["source"], s["reference"], s["model"]) for s in results["samples"]]
+        # A translation's source, or the prompt a chat run's model replied to.
+        asked = "prompt" if results["samples"] and "prompt" in results["samples"][0] else "source"
+        headers = (asked, "reference", "model")
+        rows = [tuple(s[h] for h in headers) for s in results["samples"]]
         if rows and "model_beam" in results["samples"][0]:
             headers = (*headers, "model (beam)")
             rows = [
@@ -418,6 +422,21 @@ def format_report(results: dict) -> str:
             ]
         lines.append(format_samples(rows, headers))
     elif results["samples"]:
-        rows = [(s["prompt"], s["model"]) for s in results["samples"]]
-        lines.append(format_samples(rows, ("prompt", "model")))
+        headers = [h for h in ("prompt", "reference", "model") if h in results["samples"][0]]
+        rows = [tuple(s[h] for h in headers) for s in results["samples"]]
+        lines.append(format_samples(rows, headers))
     return "\n".join(lines)
+
+
+def _conversations_line(sizes: dict) -> str:
+    """A chat run's conversations kept, cut and dropped, and its tokens trained (the data
+    sizes of `train.data.chat_examples.ChatCounts`)."""
+    parts = []
+    for split in ("train", "valid"):
+        dropped = sum(n for k, n in sizes.items() if k.startswith(f"{split}_dropped_"))
+        share = sizes.get(f"{split}_trained_tokens", 0) / max(sizes.get(f"{split}_tokens", 0), 1)
+        parts.append(
+            f"{split} {sizes.get(split, 0)} kept ({sizes.get(f'{split}_cut', 0)} cut), "
+            f"{dropped} dropped, {100 * share:.1f}% of tokens trained"
+        )
+    return "Conversations: " + "; ".join(parts) + "."

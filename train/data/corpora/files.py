@@ -118,7 +118,7 @@ def _read_text(path: str | os.PathLike, what: str) -> str:
     return text
 
 
-def _read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
+def read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
     """Reads a UTF-8 text file as (line number, line without its break) for its non-blank
     lines.
 
@@ -182,7 +182,7 @@ def read_parallel_tsv(path: str | os.PathLike, collapse: bool = True) -> list[tu
             with an empty side.
     """
     pairs = []
-    for line_number, line in _read_lines(path, "Parallel file"):
+    for line_number, line in read_lines(path, "Parallel file"):
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(

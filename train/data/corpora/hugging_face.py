@@ -1,7 +1,9 @@
 """A Hugging Face `datasets` dataset as a corpus (optional: installed and online; the default
 offline runs never use it), e.g. `--config.corpus=hf --config.hf_dataset=wmt14
 --config.hf_config=de-en --config.hf_fields=translation.de,translation.en`. Fields are dotted
-paths into each record.
+paths into each record. Conversations (`--config.task=chat`) come from `hf-chat`, which reads
+each row's `messages` column, or its `prompt` and `completion` columns, as TRL does
+(`--config.corpus=hf-chat --config.hf_dataset=trl-lib/Capybara`).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any
 
+from train.data.conversations import Conversation, conversation_of
 from train.data.corpora.corpus import Corpus, CorpusNotFoundError
 from train.data.corpora.files import document_text
 
@@ -32,6 +35,42 @@ def _hf_field(record: dict, path: str, index: int, collapse: bool = True) -> str
     return document_text(value, collapse)
 
 
+def _load_records(name: str, config_name: str, split: str, corpus: str, local: str):
+    """The rows of a `datasets` dataset's split.
+
+    Raises:
+        CorpusNotFoundError: `datasets` is not installed (names `corpus` and the `local`
+            corpora that read a file instead).
+    """
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError as err:
+        raise CorpusNotFoundError(
+            f"corpus={corpus!r} needs the Hugging Face `datasets` package and a network "
+            f"connection: pip install datasets (or use corpus={local} with a local file)."
+        ) from err
+    return datasets.load_dataset(name, config_name or None, split=split)
+
+
+def load_hf_conversations(name: str, config_name: str, split: str) -> list[Conversation]:
+    """The conversations of a `datasets` dataset: each row's `messages` column, or its
+    `prompt` and `completion` columns (`train.data.conversations`), as TRL reads them.
+
+    Raises:
+        CorpusNotFoundError: `datasets` is not installed.
+        ValueError: a row that is not a conversation (naming the dataset, the row and the
+            field), or no rows.
+    """
+    records = _load_records(name, config_name, split, "hf-chat", "'chat'")
+    conversations = [
+        conversation_of(dict(record), f"{name}[{split}] row {index}")
+        for index, record in enumerate(records)
+    ]
+    if not conversations:
+        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no rows.")
+    return conversations
+
+
 def load_hf_examples(
     name: str, config_name: str, split: str, fields: Sequence[str], collapse: bool = True
 ) -> list[str] | list[tuple[str, str]]:
@@ -47,14 +86,7 @@ def load_hf_examples(
             f"--config.hf_fields={','.join(fields)!r}: give one field (lm) or two "
             "(translation: source,target)."
         )
-    try:
-        datasets = importlib.import_module("datasets")
-    except ImportError as err:
-        raise CorpusNotFoundError(
-            "corpus='hf' needs the Hugging Face `datasets` package and a network connection: "
-            "pip install datasets (or use corpus='tsv'/'text' with a local file)."
-        ) from err
-    records = datasets.load_dataset(name, config_name or None, split=split)
+    records = _load_records(name, config_name, split, "hf", "'tsv'/'text'")
     examples: list = []
     for index, record in enumerate(records):
         texts = tuple(_hf_field(record, path, index, collapse) for path in fields)
@@ -77,6 +109,14 @@ CORPORA = (
             data.hf_field_paths,
             data.collapses_whitespace,
         ),
+        needs=(("hf_dataset", "a dataset name"),),
+    ),
+    Corpus(
+        "hf-chat",
+        tasks=("chat",),
+        formats="a Hugging Face datasets dataset (online) with a 'messages' column, or "
+        "'prompt' and 'completion' columns",
+        read=lambda data: load_hf_conversations(data.hf_dataset, data.hf_config, data.hf_split),
         needs=(("hf_dataset", "a dataset name"),),
     ),
 )

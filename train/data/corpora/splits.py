@@ -10,6 +10,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from train.data.conversations import Conversation
 from train.data.corpora import get_corpus
 
 # Split rule: an example's key hashed with BLAKE2b to 8 bytes, read as a fraction in [0, 1).
@@ -29,6 +30,8 @@ def _split_key(example) -> str:
     """The text an example's split is decided by (see `split_examples`)."""
     if isinstance(example, str):
         return example
+    if isinstance(example, Conversation):
+        return example.split_key
     return "\t".join(sorted(example))
 
 
@@ -41,14 +44,15 @@ def split_fraction(example) -> float:
 def split_examples(examples: Sequence, valid_fraction: float, test_fraction: float) -> Splits:
     """Deterministic train/valid/test split by a hash of each example's text.
 
-    Rule: hash the example's text (a string, or a pair's two texts sorted and joined by a tab,
-    so "ja-en" and "en-ja" split alike) to u in [0, 1); u < valid_fraction goes to valid,
-    u < valid_fraction + test_fraction to test, the rest to train. The result depends neither on
-    randomness nor on loading order, identical examples always share a split, and the split
-    sizes are the fractions only approximately (a tiny corpus may get an empty split).
+    Rule: hash the example's text (a string, a pair's two texts sorted and joined by a tab,
+    so "ja-en" and "en-ja" split alike, or a conversation's `split_key`) to u in [0, 1);
+    u < valid_fraction goes to valid, u < valid_fraction + test_fraction to test, the rest
+    to train. The result depends neither on randomness nor on loading order, identical
+    examples always share a split, and the split sizes are the fractions only
+    approximately (a tiny corpus may get an empty split).
 
     Args:
-        examples: strings or (source, target) string pairs.
+        examples: strings, (source, target) string pairs, or conversations.
         valid_fraction: expected share of validation examples, in [0, 1).
         test_fraction: expected share of test examples, in [0, 1).
 
