@@ -50,6 +50,8 @@ def main(argv: list[str]) -> None:
     quiet_library_logs()
     from train.config import config_lib
     from train.data.tokenizers import vocabulary
+    from train.program.tasks import get_task
+    from train.store.chat_store import prepare_chat_store
     from train.store.store_prepare import StoreWriteError, prepare_store
 
     try:
@@ -61,7 +63,10 @@ def main(argv: list[str]) -> None:
                 "--config.store_dir='' : name the directory to write the token store to."
             )
         ids = vocabulary(data, experiment.model.vocab_size)
-        store = prepare_store(data, ids, workers=FLAGS.workers, part=part)
+        if get_task(data.task).stores_masks:  # conversations: one shard, one process
+            store, _ = prepare_chat_store(data, ids)
+        else:
+            store = prepare_store(data, ids, workers=FLAGS.workers, part=part)
     except StoreWriteError as err:
         die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError) as err:
