@@ -11,6 +11,8 @@ finished shards kept when rerun. On several machines sharing the directory, run 
 with `--part=i/n` (i = 0 ... n - 1): each tokenizes its shards, and the last to finish writes
 the manifest (start part 0 first, or let every part train the same tokenizer). train.main
 prepares a missing store itself, so this command is only needed to do it ahead of time.
+A chat run's flags (`--config.task=chat`) write its conversations, rendered and masked, in
+one process (`train.store.chat_store`; `--part` and `--workers` do not apply).
 
 Exit status (as train.main): 0 when the store is whole (or this part is done), 2 for a usage
 error (a bad flag or config value, inputs that match nothing or are not UTF-8, a store of

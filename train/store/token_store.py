@@ -293,6 +293,13 @@ def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
                 f"{was!r}, --config.init_from's model has {value!r}) ; prepare a new store "
                 "into another --config.store_dir for this model."
             )
+        if was != value and name == "chat_template":  # a hash (train.store.chat_store)
+            raise StoreError(
+                f"the token store {path} was prepared with another chat template (SHA-256 "
+                f"{str(was)[:12]}...) ; give the template it was made with "
+                "(--config.chat_template, or '' for the model's own), or prepare a new store "
+                "into another --config.store_dir."
+            )
         if was != value:
             raise StoreError(
                 f"the token store {path} was prepared with {name}={was!r}, the config "
