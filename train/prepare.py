@@ -11,6 +11,8 @@ finished shards kept when rerun. On several machines sharing the directory, run 
 with `--part=i/n` (i = 0 ... n - 1): each tokenizes its shards, and the last to finish writes
 the manifest (start part 0 first, or let every part train the same tokenizer). train.main
 prepares a missing store itself, so this command is only needed to do it ahead of time.
+A chat run's flags (`--config.task=chat`) write its conversations, rendered and masked, in
+one process (`train.store.chat_store`; `--part` and `--workers` do not apply).
 
 Exit status (as train.main): 0 when the store is whole (or this part is done), 2 for a usage
 error (a bad flag or config value, inputs that match nothing or are not UTF-8, a store of
@@ -50,6 +52,8 @@ def main(argv: list[str]) -> None:
     quiet_library_logs()
     from train.config import config_lib
     from train.data.tokenizers import vocabulary
+    from train.program.tasks import get_task
+    from train.store.chat_store import prepare_chat_store
     from train.store.store_prepare import StoreWriteError, prepare_store
 
     try:
@@ -61,7 +65,10 @@ def main(argv: list[str]) -> None:
                 "--config.store_dir='' : name the directory to write the token store to."
             )
         ids = vocabulary(data, experiment.model.vocab_size)
-        store = prepare_store(data, ids, workers=FLAGS.workers, part=part)
+        if get_task(data.task).stores_masks:  # conversations: one shard, one process
+            store, _ = prepare_chat_store(data, ids)
+        else:
+            store = prepare_store(data, ids, workers=FLAGS.workers, part=part)
     except StoreWriteError as err:
         die(str(err), RUN_ERROR)
     except (ValueError, FileNotFoundError) as err:

@@ -48,6 +48,9 @@ SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
+# The tasks a token store feeds (`--config.store_dir`): documents, and conversations with
+# their loss mask (train.store.chat_store).
+STORE_TASKS = ("lm", "chat")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
 LOSSLESS_SPM_MIN_VOCAB = 4 + 256
@@ -275,16 +278,26 @@ class DataConfig(_ReadByName):
             self._check_store()
 
     def _check_store(self) -> None:
-        """A token store holds one-sided documents read as max_len windows."""
-        if self.task != "lm":
+        """A token store holds one-sided documents read as max_len windows, or (task 'chat')
+        conversations with their loss mask, packed whole into rows with segment ids."""
+        if self.task not in STORE_TASKS:
             raise fail(
                 "store_dir",
                 self.store_dir,
-                "a token store feeds task='lm' : it holds documents' token ids, not a "
-                "translation's pairs nor a conversation's loss mask ; set "
-                "--config.store_dir='' to read the corpus in memory (conversations are "
-                "rendered, tokenized and packed at every start)",
+                "a token store feeds task='lm' (documents' token ids) or task='chat' "
+                "(conversations with their loss mask), not a translation's pairs ; set "
+                "--config.store_dir='' to read the corpus in memory",
             )
+        if self.task == "chat":  # any chat corpus: the store reads it as the run would
+            if self.packing != "segments":
+                raise fail(
+                    "packing",
+                    self.packing,
+                    "a chat store is read as whole conversations packed into rows: "
+                    "'segments' (attention and positions kept within each conversation)",
+                )
+            _check_positive_ints(self, "loader_threads", "batch_size")
+            return
         if not corpora.CORPORA[self.corpus].storable:
             raise fail(
                 "corpus",

@@ -3,7 +3,9 @@ training loop one `train.data.dataset.Dataset` either way.
 
 - a token store (`train.store.store_pipeline.open_store_dataset`): the section names one
   (`--config.store_dir`), or it is a text language model, which then prepares one under its
-  work directory (`run_data_section`), so its memory stays flat in corpus size;
+  work directory (`run_data_section`), so its memory stays flat in corpus size; a task whose
+  examples carry a loss mask (chat) reads its own kind of store
+  (`train.store.chat_rows.open_chat_store_dataset`), only where the section names one;
 - the corpus in memory (`train.data.in_memory.build_dataset`): translation, and the corpora
   a store cannot hold.
 """
@@ -19,7 +21,9 @@ from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.dataset import ONE_PROCESS, Dataset, Processes
 from train.data.in_memory import build_dataset
 from train.data.tokenizers import Vocabulary
+from train.program.tasks import get_task
 from train.run.rundir import RunDir, read_json
+from train.store.chat_rows import open_chat_store_dataset
 from train.store.store_pipeline import open_store_dataset
 
 # The packings a token store is read with (windows of batch_size rows).
@@ -57,6 +61,17 @@ def open_dataset(
         resuming: the run resumes (a run that began in memory goes on in memory).
     """
     data = run_data_section(data, run, resuming)
+    if data.store_dir and get_task(data.task).stores_masks:
+        return open_chat_store_dataset(
+            data,
+            vocabulary,
+            seed=seed,
+            num_steps=num_steps,
+            num_devices=num_devices,
+            share=share,
+            max_eval_batches=max_eval_batches,
+            processes=processes,
+        )
     if data.store_dir:
         return open_store_dataset(
             data,

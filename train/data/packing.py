@@ -151,7 +151,7 @@ def _fill_packed(
     return tokens, segments
 
 
-def _plan(
+def packed_plan(
     sizes_NK: np.ndarray,
     capacity_K: Sequence[int],
     batch_rows: int,
@@ -159,7 +159,10 @@ def _plan(
     drop_remainder: bool,
     share: RowShare,
 ) -> list[list[np.ndarray]]:
-    """This share's rows (example indices) of every batch, in batch order."""
+    """This share's rows (example indices) of every batch, in batch order: the examples
+    shuffled by `rng` (None: in order), packed (`pack_rows`), the rows shuffled, cut into
+    batches of `batch_rows`. A function of the sizes and the generator alone, so a reader
+    that holds only the sizes (a token store's) plans the batches `segment_batches` builds."""
     num_examples = len(sizes_NK)
     order = rng.permutation(num_examples) if rng is not None else np.arange(num_examples)
     rows = pack_rows(sizes_NK, capacity_K, order)
@@ -213,20 +216,43 @@ def segment_batches(
     """
     (rows,) = rows_per_batch([length], batch_size, tokens_per_batch, batch_size_multiple)
     sizes_NK = slots_NK(sides, examples)
-    plan = _plan(sizes_NK, (length,) * len(sides), rows, rng, drop_remainder, share)
+    plan = packed_plan(sizes_NK, (length,) * len(sides), rows, rng, drop_remainder, share)
     part = share.rows(rows)
     rows = part.stop - part.start
-    batches = []
-    for members in plan:
-        tokens, segments = {}, {}
-        for s, side in enumerate(sides):
-            per_row = [[side.sequences(examples[i][s], pad_id) for i in row] for row in members]
-            for key in side.keys:
-                tokens[key], segments[side.segment_key] = _fill_packed(
-                    rows, length, [[x[key] for x in row] for row in per_row], pad_id
-                )
-        batches.append({**tokens, **segments})
-    return batches
+    return [packed_batch(sides, members, examples, rows, length, pad_id) for members in plan]
+
+
+def packed_batch(
+    sides: Sequence[Side],
+    members: Sequence[np.ndarray],
+    examples,
+    rows: int,
+    length: int,
+    pad_id: int = PAD_ID,
+) -> Batch:
+    """One packed batch: `rows` rows of `length` slots, row r holding the examples
+    `members[r]` (rows past `members` empty).
+
+    Args:
+        sides: the task's sides.
+        members: each row's example indices (a `packed_plan` batch).
+        examples: anything indexable by those indices that gives an example's tokens per
+            side (a list of `Task.to_sides`, or a token store's conversations read on demand).
+        rows, length: the batch's shape (this share's rows).
+        pad_id: the tokenizer's pad id.
+
+    Returns:
+        Every side's token keys and then its segment ids, each int32 (rows, length).
+    """
+    tokens, segments = {}, {}
+    chosen = {i: examples[i] for row in members for i in row}
+    for s, side in enumerate(sides):
+        per_row = [[side.sequences(chosen[i][s], pad_id) for i in row] for row in members]
+        for key in side.keys:
+            tokens[key], segments[side.segment_key] = _fill_packed(
+                rows, length, [[x[key] for x in row] for row in per_row], pad_id
+            )
+    return {**tokens, **segments}
 
 
 def stream_batches(

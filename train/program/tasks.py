@@ -125,6 +125,9 @@ class Task:
         fine_tunes: whether a run may start from pretrained weights (`--config.init_from`:
             a decoder-only model).
         needs_pretrained: whether a run must (its examples need the model's chat template).
+        stores_masks: whether its examples carry a loss mask, so that its token store keeps
+            one beside the ids and is read as whole examples packed in rows
+            (`train.store.chat_store`, `train.store.chat_rows`).
         model_type: the class of the model it trains.
         stacks: the top-level parameter trees of that model (what its params must hold).
         decoder_input: what the pictures call the decoder's ids.
@@ -144,6 +147,7 @@ class Task:
     reports_bits_per_char: bool = False
     fine_tunes: bool = False
     needs_pretrained: bool = False
+    stores_masks: bool = False
     model_type: type[nn.Module]
     stacks: tuple[str, ...]
     decoder_input: str
@@ -579,6 +583,7 @@ class ChatTask(LanguageModelTask):
     models = "language models (chat)"
     reports_bits_per_char = False
     needs_pretrained = True
+    stores_masks = True
 
     def fields(self, example):
         if isinstance(example, ChatExample):

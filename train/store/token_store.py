@@ -15,6 +15,14 @@ names one (`--config.store_dir`) reads it through `train.store.store_pipeline`. 
         shard.json             counts, byte sizes and SHA-256 of the four files
       store.json               the manifest, written last: its presence means the store is whole
 
+A chat store (`train.store.chat_store`: conversations rendered by the model's chat template)
+has one shard whose splits hold each kept conversation's ids (nothing added around them) and
+beside them `train_mask.bin` / `valid_mask.bin`, one uint8 per token (1: the token is a label
+of the loss), at the same offsets; `valid_held_out.jsonl` keeps the validation conversations
+as the end of a run asks the model to answer them, and the manifest's `chat` entry the
+counts the in-memory run logs (conversations kept, cut, dropped by reason; tokens trained).
+A language model's store has none of these: its files and manifest are as they always were.
+
 Ids are stored as little-endian uint16 when the vocabulary fits, else uint32. A split's token
 stream is its shards' streams end to end, in shard order; documents are never reordered
 (shuffling happens over windows, when reading).
@@ -85,6 +93,11 @@ def split_files(split: str) -> tuple[str, str]:
     return f"{split}.bin", f"{split}_docs.bin"
 
 
+def mask_file(split: str) -> str:
+    """The loss-mask file of a chat store's split (one uint8 per token)."""
+    return f"{split}_mask.bin"
+
+
 def store_settings(data, vocabulary: Vocabulary) -> dict:
     """What a store is prepared for: what `TokenStore.open` compares.
 
@@ -147,6 +160,7 @@ class _Split:
     """One split of an open store: the shards' token maps and the documents' offsets."""
 
     tokens: tuple[np.ndarray, ...]  # per shard, memory-mapped
+    masks: tuple[np.ndarray, ...] | None  # per shard, memory-mapped uint8 (chat stores only)
     shard_starts: np.ndarray  # int64 (S + 1,): offset of each shard in the split's stream
     doc_starts: np.ndarray  # int64 (D,): offset of each document in the split's stream
     num_chars: int  # characters of the split's documents, one line break each
@@ -221,23 +235,48 @@ class TokenStore:
     def read(self, split: str, start: int, stop: int) -> np.ndarray:
         """Tokens [start, stop) of a split's stream as int32, across shard boundaries."""
         part = self._splits[split]
-        if not 0 <= start <= stop <= part.num_tokens:
-            raise IndexError(f"tokens [{start}, {stop}) outside {split}'s {part.num_tokens}.")
-        first = int(np.searchsorted(part.shard_starts, start, side="right")) - 1
-        pieces, position = [], start
-        shard = first
-        while position < stop:
-            begin = int(part.shard_starts[shard])
-            end = min(stop, int(part.shard_starts[shard + 1]))
-            pieces.append(part.tokens[shard][position - begin : end - begin])
-            position, shard = end, shard + 1
-        if not pieces:
-            return np.zeros((0,), np.int32)
-        return np.concatenate(pieces).astype(np.int32)
+        return _read(part, part.tokens, split, start, stop).astype(np.int32)
+
+    @property
+    def has_masks(self) -> bool:
+        """Whether the store keeps a loss mask beside its ids (a chat store)."""
+        return self._splits["train"].masks is not None
+
+    def read_mask(self, split: str, start: int, stop: int) -> np.ndarray:
+        """bool (stop - start,): the loss mask of tokens [start, stop) of a chat store.
+
+        Raises:
+            StoreError: the store keeps no mask (a language model's).
+        """
+        part = self._splits[split]
+        if part.masks is None:
+            raise StoreError(f"the token store {self.path} keeps no loss mask (not a chat store).")
+        return _read(part, part.masks, split, start, stop).astype(bool)
+
+    def document_starts(self, split: str) -> np.ndarray:
+        """int64 (D,): the offset of each document's (conversation's) first token."""
+        return self._splits[split].doc_starts
 
     def documents_of(self, split: str, start: int, stop: int) -> np.ndarray:
         """int64 (stop - start,): the index of the document each token of [start, stop) is in."""
         return np.searchsorted(self._splits[split].doc_starts, np.arange(start, stop), "right") - 1
+
+
+def _read(part: _Split, maps, split: str, start: int, stop: int) -> np.ndarray:
+    """Entries [start, stop) of a split's per-shard `maps`, across shard boundaries."""
+    if not 0 <= start <= stop <= part.num_tokens:
+        raise IndexError(f"tokens [{start}, {stop}) outside {split}'s {part.num_tokens}.")
+    first = int(np.searchsorted(part.shard_starts, start, side="right")) - 1
+    pieces, position = [], start
+    shard = first
+    while position < stop:
+        begin = int(part.shard_starts[shard])
+        end = min(stop, int(part.shard_starts[shard + 1]))
+        pieces.append(maps[shard][position - begin : end - begin])
+        position, shard = end, shard + 1
+    if not pieces:
+        return np.zeros((0,), maps[0].dtype if maps else np.int32)
+    return np.concatenate(pieces)
 
 
 def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
@@ -253,6 +292,13 @@ def check_settings(path: pathlib.Path, saved: Mapping, wanted: Mapping) -> None:
                 f"the token store {path} holds the ids of another tokenizer ({name} "
                 f"{was!r}, --config.init_from's model has {value!r}) ; prepare a new store "
                 "into another --config.store_dir for this model."
+            )
+        if was != value and name == "chat_template":  # a hash (train.store.chat_store)
+            raise StoreError(
+                f"the token store {path} was prepared with another chat template (SHA-256 "
+                f"{str(was)[:12]}...) ; give the template it was made with "
+                "(--config.chat_template, or '' for the model's own), or prepare a new store "
+                "into another --config.store_dir."
             )
         if was != value:
             raise StoreError(
@@ -292,22 +338,30 @@ def _check_files(path: pathlib.Path, shards: Sequence[dict]) -> None:
 def _open_split(path: pathlib.Path, shards: Sequence[dict], split: str, dtype) -> _Split:
     tokens_file, docs_file = split_files(split)
     maps, sizes, docs, chars = [], [], [], 0
+    with_masks = all(mask_file(split) in shard["files"] for shard in shards) and bool(shards)
+    masks = []
     offset = 0
     for shard in shards:
         folder = path / SHARDS / shard["name"]
         count = shard["splits"][split]["tokens"]
-        maps.append(
-            np.memmap(folder / tokens_file, dtype=dtype, mode="r", shape=(count,))
-            if count
-            else np.zeros((0,), dtype)
-        )
+        maps.append(_map(folder / tokens_file, dtype, count))
+        if with_masks:
+            masks.append(_map(folder / mask_file(split), np.dtype("u1"), count))
         docs.append(np.fromfile(folder / docs_file, dtype="<i8") + offset)
         sizes.append(count)
         offset += count
         chars += shard["splits"][split]["chars"]
     shard_starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
     doc_starts = np.concatenate(docs) if docs else np.zeros((0,), np.int64)
-    return _Split(tuple(maps), shard_starts, doc_starts.astype(np.int64), chars)
+    masks = tuple(masks) if with_masks else None
+    return _Split(tuple(maps), masks, shard_starts, doc_starts.astype(np.int64), chars)
+
+
+def _map(file: pathlib.Path, dtype: np.dtype, count: int) -> np.ndarray:
+    """A file of `count` entries, memory-mapped (an empty array for none)."""
+    if not count:
+        return np.zeros((0,), dtype)
+    return np.memmap(file, dtype=dtype, mode="r", shape=(count,))
 
 
 def umask() -> int:
@@ -358,9 +412,16 @@ def begin_store(store_dir: pathlib.Path, settings: dict, sources: Sequence[dict]
     write_json_file(path, plan)
 
 
-def finish_store(store_dir: pathlib.Path, num_shards: int, settings: dict) -> TokenStore:
+def finish_store(
+    store_dir: pathlib.Path, num_shards: int, settings: dict, chat: dict | None = None
+) -> TokenStore:
     """Writes the manifest of a store whose shards are all there (it makes the store whole),
     and opens it.
+
+    Args:
+        store_dir, num_shards, settings: the store, its shard count, `store_settings`.
+        chat: a chat store's counts (the manifest's `chat` entry); None for a language
+            model's store, whose manifest has no such entry.
 
     Raises:
         StoreError: a shard's shard.json does not read.
@@ -390,5 +451,7 @@ def finish_store(store_dir: pathlib.Path, num_shards: int, settings: dict) -> To
             for split in ("train", "valid")
         },
     }
+    if chat is not None:
+        manifest["chat"] = chat
     write_json_file(store_dir / MANIFEST, manifest)
     return TokenStore.open(store_dir, settings)
