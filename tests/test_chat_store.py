@@ -29,6 +29,9 @@ from train.store.chat_store import prepare_chat_store
 from train.store.token_store import StoreError, TokenStore
 from train.tiny_pretrained import write_tiny_model
 
+# The tiny model's weights are written with torch (requirements-torch.txt); skipped without it.
+pytest.importorskip("torch")
+
 STEPS = 6  # past the first epoch (about 4 batches of 4 rows)
 
 

@@ -82,7 +82,6 @@ def test_a_rate_outside_zero_one_is_refused_by_the_caller_s_name(rate):
 def test_rate_one_drops_everything_as_flax_does():
     """Issue 52 decision: rate 1 is flax's and torch's convention, zeros (it used to be
     refused by an internal name)."""
-    import torch
     from flax import linen as nn
 
     x, key = jnp.arange(1.0, 7.0).reshape(2, 3), jax.random.key(0)
@@ -92,9 +91,13 @@ def test_rate_one_drops_everything_as_flax_does():
     assert not keep_mask(key, 1.0, (2, 3)).any()
     ours = Dropout(1.0).apply({}, x, deterministic=False, rngs=rngs)
     np.testing.assert_array_equal(ours, nn.Dropout(1.0).apply({}, x, False, rngs=rngs))
-    np.testing.assert_array_equal(ours, torch.nn.functional.dropout(torch.ones(2, 3), 1.0))
     assert Dropout(1.0).apply({}, x, deterministic=True) is x
     assert dropout(x, 1.0, None) is x
+    try:  # torch's convention too, where requirements-torch.txt is installed
+        import torch
+    except ImportError:
+        return
+    np.testing.assert_array_equal(ours, torch.nn.functional.dropout(torch.ones(2, 3), 1.0))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
