@@ -70,6 +70,29 @@ def test_run_clock_counts_from_the_start_and_on_from_a_checkpoint():
     assert metrics.RunClock().seconds() < 1.0
 
 
+def test_a_resumed_clock_counts_on_after_the_records_the_stopped_run_kept(tmp_path):
+    """A run that stopped at a checkpointed step wrote its report after the checkpoint (at
+    that step, so the record is kept): the restart counts on from the report's clock, not the
+    checkpoint's, and no record goes back in time (a race that failed test_wall_time once)."""
+    run = RunDir(tmp_path / "run")
+    run.metrics.parent.mkdir(parents=True, exist_ok=True)
+    kept = [
+        {"step": 4, "split": "valid", "wall_s": 10.0},
+        {"step": 4, "split": "bleu", "wall_s": 50.0},
+    ]
+    lost = {"step": 6, "split": "train", "wall_s": 70.0}  # after the checkpoint: removed
+    run.metrics.write_text("".join(json.dumps(r) + "\n" for r in [*kept, lost]))
+    clock = metrics.RunClock()
+    clock.resume(12.0)  # the checkpoint at step 4 recorded 12 s
+    writer = metrics.MetricsWriter(run, resume_step=4, clock=clock)
+    try:
+        writer.write(5, "train", {"loss": 1.0})
+    finally:
+        writer.close()
+    walls = [r["wall_s"] for r in metrics.read_metrics(run.metrics)]
+    assert walls[:2] == [10.0, 50.0] and 50.0 <= walls[2] < 60.0, walls  # not 12 s + the restart
+
+
 def test_every_record_has_wall_time_and_the_run_its_total(tmp_path):
     """A tiny translation run with interim BLEU: train, valid and bleu records all carry
     wall_s, in order; results.json has the total, at least the last record's."""

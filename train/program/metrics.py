@@ -71,7 +71,8 @@ class RunClock:
     So a resumed run's clock adds the restart (start-up, compilation, restore) and leaves
     out the steps lost after that checkpoint, which are trained again and counted then:
     the clock is the time the run's records cost, as if it had never stopped, plus its
-    restarts. Monotonic (`time.perf_counter`) within a process.
+    restarts. Where the stopped run kept a record written after its checkpoint (the report
+    of a run that ended at that step), the restart counts on from that record's clock. Monotonic (`time.perf_counter`) within a process.
     """
 
     def __init__(self, started: float | None = None):
@@ -86,6 +87,12 @@ class RunClock:
     def resume(self, seconds: float) -> None:
         """Counts on from `seconds`, the clock a checkpoint recorded."""
         self.offset = float(seconds)
+
+    def resume_after(self, seconds: float) -> None:
+        """Counts on from `seconds` where that is later than the checkpoint's clock: a record
+        the interrupted run kept was written after its checkpoint (the report of a run that
+        stopped at that step), so the restart comes after it and no record goes back in time."""
+        self.offset = max(self.offset, float(seconds))
 
     def seconds(self) -> float:
         """The run's seconds so far."""
@@ -121,6 +128,9 @@ class MetricsWriter:
         # (step, split) of every record in the file: a resumed run that evaluates a step again
         # (e.g. the final one, when results.json was lost) must not log it twice.
         self._written = {(r["step"], r["split"]) for r in kept}
+        walls = [r["wall_s"] for r in kept if isinstance(r.get("wall_s"), (int, float))]
+        if clock is not None and walls:
+            clock.resume_after(max(walls))
         self._tb = SummaryWriter(str(run.tensorboard))
         self.clock = clock
 
