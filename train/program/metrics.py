@@ -72,7 +72,8 @@ class RunClock:
     out the steps lost after that checkpoint, which are trained again and counted then:
     the clock is the time the run's records cost, as if it had never stopped, plus its
     restarts. Where the stopped run kept a record written after its checkpoint (the report
-    of a run that ended at that step), the restart counts on from that record's clock. Monotonic (`time.perf_counter`) within a process.
+    of a run that ended at that step), the restart counts on from that record's clock.
+    Monotonic (`time.perf_counter`) within a process.
     """
 
     def __init__(self, started: float | None = None):
