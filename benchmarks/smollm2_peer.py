@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+from benchmarks.processes import WorkerProcess
+
 _STARTED = time.time()  # the worker's process start, near enough (before jax and torch)
 
 BATCH, LENGTH = 16, 128  # the issue's fine-tuning batch: 16 windows of 128 tokens
@@ -258,37 +260,18 @@ def _loadavg() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
-class _Worker:
-    """A worker process of `python -m benchmarks.smollm2_peer --worker SIDE --part PART`."""
+class _Worker(WorkerProcess):
+    """A worker process of `python -m benchmarks.smollm2_peer --worker SIDE --part PART`,
+    whose answers also carry its peak RSS."""
 
     def __init__(self, side: str, part: str):
-        import subprocess
-
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.smollm2_peer", "--worker", side, "--part", part],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.ready = json.loads(self._read())
+        super().__init__(["benchmarks.smollm2_peer", "--worker", side, "--part", part])
         self.rss_mib = 0.0
 
-    def _read(self) -> str:
-        line = self.process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"benchmark worker exited with {self.process.wait()}")
-        return line
-
     def time(self, steps: int) -> list[float]:
-        self.process.stdin.write(f"time {steps}\n")
-        self.process.stdin.flush()
-        answer = json.loads(self._read())
+        answer = super().time(steps)  # {"times": [...], "rss_mib": ...}
         self.rss_mib = answer["rss_mib"]
         return answer["times"]
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait()
 
 
 def compare(part: str, rounds: int, steps: int) -> dict:

@@ -179,26 +179,7 @@ def main(argv: list[str]) -> None:
         die("--prompt and --chat: give one of them (text to continue, or messages to reply to).")
     if given.system is not None and not given.chat:
         die("--system goes with --chat: the system message of a conversation.")
-    if given.chat:
-        replies = chat_replies(
-            given.workdir,
-            given.chat,
-            system=given.system,
-            max_new_tokens=given.max_new_tokens,
-            temperature=given.temperature,
-            top_k=given.top_k,
-            top_p=given.top_p,
-            seed=given.seed,
-            num_samples=given.num_samples,
-        )
-        for reply in replies:
-            print(reply)
-        return
-    if not given.prompt:
-        die('no prompt ; give one: --prompt "In the beginning" (or --chat "Hello").', USAGE_ERROR)
-    outputs = sample_prompts(
-        given.workdir,
-        given.prompt,
+    options = dict(
         max_new_tokens=given.max_new_tokens,
         temperature=given.temperature,
         top_k=given.top_k,
@@ -206,7 +187,13 @@ def main(argv: list[str]) -> None:
         seed=given.seed,
         num_samples=given.num_samples,
     )
-    for text in outputs:
+    if given.chat:
+        for reply in chat_replies(given.workdir, given.chat, system=given.system, **options):
+            print(reply)
+        return
+    if not given.prompt:
+        die('no prompt ; give one: --prompt "In the beginning" (or --chat "Hello").', USAGE_ERROR)
+    for text in sample_prompts(given.workdir, given.prompt, **options):
         print(text)
 
 
