@@ -27,8 +27,8 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, path, args):
-        self.calls.append((path, args))
+    def __call__(self, path, args, environ):
+        self.calls.append((path, args, dict(environ)))
 
 
 @pytest.mark.parametrize(
@@ -90,31 +90,33 @@ def test_it_is_done_where_the_kernel_waits_to_be_asked():
 
 def test_the_command_is_executed_again_with_the_tunable_and_its_start(no_jax_yet):
     environ = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "OTHER": "kept"}
-    execv = Recorder()
-    host_memory.use_huge_pages(1234.5, environ=environ, execv=execv, mode="madvise", glibc_ok=True)
-    assert execv.calls == [(sys.executable, list(sys.orig_argv))]
-    assert environ == {
+    execve = Recorder()
+    host_memory.use_huge_pages(
+        1234.5, environ=environ, execve=execve, mode="madvise", glibc_ok=True
+    )
+    expected = {
         "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1",
         "OTHER": "kept",
         host_memory.STARTED_VAR: "1234.5",
     }
+    assert execve.calls == [(sys.executable, list(sys.orig_argv), expected)]
 
 
 def test_the_executed_command_keeps_the_first_start_and_passes_nothing_on(no_jax_yet):
     environ = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", host_memory.STARTED_VAR: "1234.5"}
-    execv = Recorder()
+    execve = Recorder()
     started = host_memory.use_huge_pages(
-        2000.0, environ=environ, execv=execv, mode="madvise", glibc_ok=True
+        2000.0, environ=environ, execve=execve, mode="madvise", glibc_ok=True
     )
-    assert started == 1234.5 and not execv.calls
+    assert started == 1234.5 and not execve.calls
     assert environ == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}  # children start afresh
 
 
 def test_where_nothing_is_to_be_done_the_start_is_the_processs_own(no_jax_yet):
     environ = {}
-    execv = Recorder()
-    assert host_memory.use_huge_pages(5.0, environ=environ, execv=execv, mode="never") == 5.0
-    assert not execv.calls and environ == {}
+    execve = Recorder()
+    assert host_memory.use_huge_pages(5.0, environ=environ, execve=execve, mode="never") == 5.0
+    assert not execve.calls and environ == {}
 
 
 # A command of a package of the test's own: importing `train` while Python locates it is what

@@ -81,7 +81,7 @@ def use_huge_pages(
     started: float,
     *,
     environ: MutableMapping[str, str] | None = None,
-    execv: Callable[[str, list[str]], object] = os.execv,
+    execve: Callable[[str, list[str], MutableMapping[str, str]], object] = os.execve,
     mode: str | None = None,
     glibc_ok: bool | None = None,
 ) -> float:
@@ -94,8 +94,9 @@ def use_huge_pages(
 
     Args:
       started: `time.time()` when this process began (`train.STARTED`).
-      environ: the environment to read and pass on (default `os.environ`).
-      execv: replaces the process (tests pass a recorder).
+      environ: the environment to read and to execute the command with (default
+        `os.environ`).
+      execve: replaces the process (tests pass a recorder).
       mode: the kernel's THP mode (default: read from /sys).
       glibc_ok: whether glibc has the tunable (default: asked of the C library).
     """
@@ -106,6 +107,8 @@ def use_huge_pages(
             return float(first)
         except ValueError:
             return started
+    if not sys.executable:  # an embedded interpreter: no command to execute again
+        return started
     if not should_reexec(
         environ,
         mode=thp_mode() if mode is None else mode,
@@ -117,5 +120,5 @@ def use_huge_pages(
     environ[STARTED_VAR] = repr(started)
     sys.stdout.flush()
     sys.stderr.flush()
-    execv(sys.executable, list(sys.orig_argv))
+    execve(sys.executable, list(sys.orig_argv), environ)
     return started  # only a test's recorder returns
