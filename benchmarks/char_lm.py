@@ -44,7 +44,7 @@ VALID_SHARE = 0.1  # nanoGPT's shakespeare_char: the last 10% of the characters
 def write_split(workdir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     """The KJV's text, one verse a line, cut at 90% of its characters: `kjv_train.txt` and
     `kjv_valid.txt` in `workdir` (created), each one document (see the docstring)."""
-    from train.data.corpora import bibles
+    from train.formats.corpora import bibles
 
     text = "\n".join(bibles.load_kjv_lines()) + "\n"
     cut = int((1 - VALID_SHARE) * len(text))
@@ -110,7 +110,7 @@ def main() -> None:
 
     import jax
 
-    from train import train_lib
+    from train.program import loop as train_lib
 
     workdir = pathlib.Path(flags.workdir)
     train_file, valid_file = write_split(workdir)
@@ -120,7 +120,7 @@ def main() -> None:
     started = time.time()
     config = recipe(flags.steps, train_file, valid_file)
     config.cpu_devices = flags.cpu_devices
-    from train.run import distributed
+    from train.core import distributed
 
     distributed.split_cpu(config)  # the CPU devices train.main would make (before JAX starts)
     results = train_lib.train_and_evaluate(config, str(workdir / "run"))

@@ -3,7 +3,7 @@
     python -m benchmarks.checkpoint_stall [--params 100e6] [--repeats 3] [--dir /tmp]
 
 A float32 state of about `--params` parameters (jnp arrays on the default device, in
-2048 x 4096 matrices) is saved with `train.run.checkpoint.Checkpointer` a few times in each
+2048 x 4096 matrices) is saved with `train.program.checkpoint.Checkpointer` a few times in each
 mode, into a fresh temporary directory under `--dir`. The stall is the time `save()` takes,
 which is what the loop waits for: the whole write when synchronous; when asynchronous, the
 copy to host memory and orbax's bookkeeping (the write then goes on in a background thread).
@@ -21,7 +21,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from train.run.checkpoint import Checkpointer
+from train.program.checkpoint import Checkpointer
 
 # The shape of each array of the benchmark state (8.4M float32 values, 32 MiB).
 _MATRIX = (2048, 4096)

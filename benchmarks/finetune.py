@@ -53,11 +53,11 @@ def _first_batch(config, workdir):
     import torch
     import transformers
 
-    from train import train_lib
     from train.config import config_lib
+    from train.core.rundir import RunDir, prepare_workdir
     from train.program import finetune
-    from train.run.checkpoint import Checkpointer
-    from train.run.rundir import RunDir, prepare_workdir
+    from train.program import loop as train_lib
+    from train.program.checkpoint import Checkpointer
 
     experiment = config_lib.validate_config(config)
     run = RunDir(prepare_workdir(str(workdir)))
@@ -111,8 +111,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     logging.disable(logging.INFO)
-    from train import train_lib
-    from train.data.corpora.bibles import load_kjv_lines
+    from train.formats.corpora.bibles import load_kjv_lines
+    from train.program import loop as train_lib
     from train.tiny_pretrained import write_tiny_model
 
     lines = load_kjv_lines()

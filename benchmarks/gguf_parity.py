@@ -8,7 +8,7 @@ Prints, as a Markdown table:
 - tokenizer: the ids of every KJV verse, of Python's standard-library modules and of the 30
   hard documents (tests/verbatim_documents.py), ours against transformers' GGUF tokenizer
   (and against it with the pre-tokenizer step it leaves out for 'smollm', see
-  `train.sources.gguf_tokenizer`);
+  `train.formats.sources.gguf_tokenizer`);
 - logits: the largest absolute difference over 128 tokens of KJV text (no BOS);
 - greedy: 5 prompts (no chat template, no BOS) continued by 32 tokens each, token for token
   against `generate` (no EOS stop on either side).
@@ -71,9 +71,9 @@ def main() -> None:
     from verbatim_documents import HARD_DOCUMENTS
 
     from flax_transformer import DecoderOnlyTransformer, generate_text
-    from train import sources
-    from train.data.corpora.bibles import load_kjv_lines
     from train.data.tokenizers import source_tokenizer
+    from train.formats import sources
+    from train.formats.corpora.bibles import load_kjv_lines
     from train.program import weights
 
     started = time.perf_counter()

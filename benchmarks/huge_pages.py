@@ -1,5 +1,5 @@
 """Huge pages for XLA's host buffers: `python -m train.main` with and without glibc's
-`glibc.malloc.hugetlb=1` (train.run.host_memory), alternating, each run a process of its own.
+`glibc.malloc.hugetlb=1` (train.core.host_memory), alternating, each run a process of its own.
 
     python -m benchmarks.huge_pages                  # configs/default.py, 250 steps, 3 rounds
     python -m benchmarks.huge_pages --steps 400 --rounds 5 --config configs/lm_kjv.py
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from train.run.host_memory import thp_mode
+from train.core.host_memory import thp_mode
 
 VARIANTS = {"4k": "glibc.malloc.hugetlb=0", "huge": "glibc.malloc.hugetlb=1"}
 

@@ -29,7 +29,7 @@ import jax
 
 from benchmarks.common import machine_line
 from benchmarks.nanogpt_peer import RECIPES, our_config
-from train import train_lib
+from train.program import loop as train_lib
 
 SKIP = 5  # first steps left out (compilation, first touches)
 

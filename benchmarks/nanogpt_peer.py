@@ -214,7 +214,7 @@ def our_step(
 ):
     """Our jitted train step as `train_lib` builds and calls it, as a closure, on the CPU
     devices `train.main` would make (`cpu_devices`: 0 = auto, as its default)."""
-    from train.run import distributed
+    from train.core import distributed
 
     config = our_config(recipe, dropout, rng_impl, attention_impl)
     config.cpu_devices = cpu_devices
@@ -223,9 +223,10 @@ def our_step(
     import jax
     import numpy as np
 
-    from train import train_lib
+    from train import tasks
     from train.config import config_lib
-    from train.program import steps, tasks
+    from train.program import loop as train_lib
+    from train.program import steps
 
     experiment = config_lib.validate_config(config)
     task = tasks.get_task("lm")

@@ -34,11 +34,11 @@ import numpy as np
 from benchmarks.common import machine_line
 from configs import default
 from flax_transformer import sharding as sharding_lib
-from train import train_lib
 from train.config import config_lib
+from train.core.rundir import RunDir
 from train.data import epoch_stream, in_memory
+from train.program import loop as train_lib
 from train.program import steps
-from train.run.rundir import RunDir
 
 KINDS = ("bucketed", "packed")
 PACKING = {"bucketed": "none", "packed": "segments"}

@@ -76,7 +76,7 @@ def write_llama_dir(path: pathlib.Path, *, width, layers, heads, kv_heads, ffn, 
 _CHILD = """
 import dataclasses, resource, sys, time
 import jax
-from train import sources
+from train.formats import sources
 from train.program import weights
 def rss_mib():
     with open("/proc/self/status") as f:

@@ -134,7 +134,7 @@ def time_steps(changes: dict, workdir: pathlib.Path, probe_steps: int) -> float:
 
     The first third of the steps is left out: each bucket length compiles when first seen.
     """
-    from train import train_lib
+    from train.program import loop as train_lib
 
     config = make_config(
         {
@@ -153,7 +153,7 @@ def time_steps(changes: dict, workdir: pathlib.Path, probe_steps: int) -> float:
 
 
 def run_recipe(name, changes, args, out: pathlib.Path) -> None:
-    from train import train_lib
+    from train.program import loop as train_lib
 
     workdir = out / f"{name}-{changes.get('corpus', 'bible')}"
     seconds = args.seconds_per_step

@@ -47,7 +47,7 @@ def _kjv_ids(tokenizer_encode, count: int, length: int):
     tokenizer adds none)."""
     import numpy as np
 
-    from train.data.corpora.bibles import load_kjv_lines
+    from train.formats.corpora.bibles import load_kjv_lines
 
     ids = []
     for verse in load_kjv_lines():
@@ -64,7 +64,7 @@ def _our_model(lora: bool):
     """Our program of configs/finetune_smollm2.py at the benchmark's batch: (model, params
     placed on the mesh, state, program, tokenizer)."""
     from configs import finetune_smollm2
-    from train.run import distributed
+    from train.core import distributed
 
     config = finetune_smollm2.get_config()
     config.update(batch_size=BATCH, max_len=LENGTH, learning_rate=LEARNING_RATE, warmup_steps=0)
@@ -80,10 +80,12 @@ def _our_model(lora: bool):
 
     import flax
 
-    from train import sources, train_lib
+    from train import tasks
     from train.config import config_lib
     from train.data.tokenizers import source_tokenizer
-    from train.program import steps, tasks, weights
+    from train.formats import sources
+    from train.program import loop as train_lib
+    from train.program import steps, weights
 
     experiment = config_lib.validate_config(config)
     source = sources.read_source(config.init_from)
@@ -127,8 +129,8 @@ def our_generate(batch: int):
     import numpy as np
 
     from flax_transformer import DecoderOnlyTransformer, Greedy, generate_text
-    from train import sources
     from train.data.tokenizers import source_tokenizer
+    from train.formats import sources
     from train.program import weights
 
     source = sources.read_source("smollm2")
@@ -158,7 +160,7 @@ def _their_model():
     import torch
     import transformers
 
-    from train import sources
+    from train.formats import sources
 
     source = sources.read_source("smollm2")
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -242,7 +244,7 @@ def _make(side: str, part: str):
 
 def worker(side: str, part: str) -> None:
     """One side of one part, driven over stdin: a ready line, then `time K` -> K times."""
-    from train.cli import skip_absent_accelerators
+    from train.core.cli import skip_absent_accelerators
 
     skip_absent_accelerators()  # as the train.* commands do: jax on the CPU, no plugin noise
     from benchmarks.common import time_steps

@@ -300,14 +300,14 @@ def _ours_run(args, train_file, valid_file) -> dict:
     config.eval_every_steps = max(config.num_train_steps // args.evals, 1)
     config.checkpoint_every_steps = config.num_train_steps
     config.sample_prompts = ()  # nothing generated after the last evaluation
-    from train.run import distributed
+    from train.core import distributed
 
     distributed.split_cpu(config)  # the CPU devices train.main would make, before jax starts
     import jax
 
-    from train import train_lib
+    from train.core.rundir import RunDir
+    from train.program import loop as train_lib
     from train.program import metrics
-    from train.run.rundir import RunDir
 
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one result line
         results = train_lib.train_and_evaluate(config, args.run_dir, started=args.launched)

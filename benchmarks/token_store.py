@@ -63,7 +63,7 @@ TINY_MODEL = (
 # Runs train.main, writing the wall time at the end of step 1 to $BENCH_STEP_FILE.
 _TIMED_MAIN = (
     "import os, sys, time\n"
-    "from train import main, train_lib\n"
+    "from train import main\nfrom train.program import loop as train_lib\n"
     "real = train_lib.train_and_evaluate\n"
     "def mark(step):\n"
     "    if step == 1:\n"
@@ -99,7 +99,7 @@ def machine_state() -> dict:
 
 def make_corpus(path: pathlib.Path, size_mb: float, seed: int) -> None:
     """Writes about `size_mb` MB of lines of 10 to 40 KJV words (unigram frequencies)."""
-    from train.data.corpora.bibles import load_kjv_lines
+    from train.formats.corpora.bibles import load_kjv_lines
 
     words = [w for line in load_kjv_lines() for w in line.split()]
     vocab, flat = np.unique(np.array(words), return_inverse=True)
@@ -136,9 +136,9 @@ def data_section(corpus: pathlib.Path, store: pathlib.Path, shard_mb: int):
 
 def prepare(corpus, store, shard_mb: int, workers: int, time_sample: bool) -> dict:
     """Prepares a fresh store: the tokenizer stage and the shard stage timed apart."""
+    from train.data.store import store_prepare
     from train.data.tokenizer import model_vocab_size
     from train.data.tokenizers import vocabulary
-    from train.store import store_prepare
 
     shutil.rmtree(store, ignore_errors=True)
     data = data_section(corpus, store, shard_mb)
@@ -206,8 +206,8 @@ def timed_run(corpus, store: str, workdir: pathlib.Path) -> dict:
 
 def loader_rate(store_dir, seq_len: int, batch: int, share, warmup: int, batches: int) -> dict:
     """This process's tokens/s from train_batches after `warmup` batches."""
-    from train.store.store_pipeline import WindowSource, train_batches
-    from train.store.token_store import TokenStore
+    from train.data.store.store_pipeline import WindowSource, train_batches
+    from train.data.store.token_store import TokenStore
 
     source = WindowSource(TokenStore.open(store_dir), "train", seq_len, segments=False)
     iterator = train_batches(

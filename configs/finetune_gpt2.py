@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from configs import lm_kjv
-from train.sources import ARCHITECTURE_FIELDS
+from train.formats.sources import ARCHITECTURE_FIELDS
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from train_helpers import random_pairs
 
+from train import tasks
 from train.data import batching, epoch_stream, packing
 from train.data import tokenizer as tokenizer_lib
-from train.program import tasks
 
 TRANSLATION, LM = tasks.TASKS["translation"], tasks.TASKS["lm"]
 

@@ -11,10 +11,10 @@ import math
 import pytest
 from train_helpers import tiny_config, write_tiny_text
 
-from train import train_lib
-from train.data.corpora import splits
+from train.core.rundir import RunDir
+from train.formats.corpora import splits
+from train.program import loop as train_lib
 from train.program import metrics
-from train.run.rundir import RunDir
 
 _LINES = 300
 

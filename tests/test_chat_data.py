@@ -1,6 +1,6 @@
 """Conversations as a run's data, without a model: the corpora (`chat` JSON lines, `hf-chat`,
 `kjv-web-chat` on the default run's split), the run-level handling of
-`train.data.chat_examples` (drops counted, all-dropped refused, refusals kept, cuts at a turn
+`train.data.chat.examples` (drops counted, all-dropped refused, refusals kept, cuts at a turn
 boundary), and batches that carry the loss mask (`MaskedTokens`: no BOS or EOS added, labels
 padded where nothing is trained, the mask kept by packing).
 
@@ -30,14 +30,14 @@ from test_chat_template import (
 )
 
 from train.data.batching import MaskedTokens, Side, bucketed_batches
-from train.data.chat import ChatError, ChatExample
-from train.data.chat_examples import HeldOut, encode_conversations, held_out
-from train.data.chat_template import ChatTemplate
-from train.data.conversations import Conversation, conversation_of
-from train.data.corpora.chats import KJV_WEB_INSTRUCTION, kjv_web_conversations, read_chat_jsonl
-from train.data.corpora.splits import split_examples
+from train.data.chat.encoding import ChatError, ChatExample
+from train.data.chat.examples import HeldOut, encode_conversations, held_out
+from train.data.chat.template import ChatTemplate
 from train.data.packing import segment_batches
-from train.program.tasks import get_task
+from train.formats.corpora.chats import KJV_WEB_INSTRUCTION, kjv_web_conversations, read_chat_jsonl
+from train.formats.corpora.conversations import Conversation, conversation_of
+from train.formats.corpora.splits import split_examples
+from train.tasks import get_task
 
 SIDES = get_task("chat").sides
 
@@ -124,7 +124,7 @@ def test_hf_chat_reads_messages_or_prompt_completion_columns(monkeypatch):
     fake = types.ModuleType("datasets")
     fake.load_dataset = lambda name, config, split: rows if name == "ok" else [{"text": "t"}]
     monkeypatch.setitem(sys.modules, "datasets", fake)
-    from train.data.corpora.hugging_face import load_hf_conversations
+    from train.formats.corpora.hugging_face import load_hf_conversations
 
     read = load_hf_conversations("ok", "", "train")
     assert read[0].messages == tuple(CONVERSATIONS["one_turn"]) and read[1].reply == "Hello!"
@@ -137,7 +137,7 @@ def test_kjv_web_chat_holds_out_the_default_runs_verses():
     hashes each conversation as the verse pair it is made of."""
     from configs import default
     from train.config import config_lib
-    from train.data.corpora.splits import read_splits
+    from train.formats.corpora.splits import read_splits
 
     data = config_lib.validate_config(default.get_config()).data  # kjv-web, 1% / 1%
     pairs = read_splits(data, "tsv")  # the shipped corpus, no file of the user's

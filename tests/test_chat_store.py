@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from configs import default, sft_smollm2
-from train import train_lib
 from train.config import config_lib
-from train.data.corpora.bibles import load_kjv_web_pairs
+from train.core.rundir import RunDir
+from train.data.chat.rows import open_chat_store_dataset
+from train.data.chat.store import prepare_chat_store
 from train.data.in_memory import build_dataset
+from train.data.store.token_store import StoreError, TokenStore
 from train.data.tokenizers import vocabulary
-from train.run.rundir import RunDir
-from train.store.chat_rows import open_chat_store_dataset
-from train.store.chat_store import prepare_chat_store
-from train.store.token_store import StoreError, TokenStore
+from train.formats.corpora.bibles import load_kjv_web_pairs
+from train.program import loop as train_lib
 from train.tiny_pretrained import write_tiny_model
 
 # The tiny model's weights are written with torch (requirements-torch.txt); skipped without it.

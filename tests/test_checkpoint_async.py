@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints (train.run.checkpoint): the loop goes on while a write is in flight,
+"""Asynchronous checkpoints (train.program.checkpoint): the loop goes on while a write is in flight,
 a failed write is reported, and a write killed midway leaves the previous checkpoint.
 
 The write is slowed or broken where orbax commits it: the rename of
@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train import train_lib
-from train.run import checkpoint
-from train.run.failures import CheckpointWriteError
+from train.core.failures import CheckpointWriteError
+from train.program import checkpoint
+from train.program import loop as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # How long the slowed commit of a synchronous save takes: a save that returned before its
@@ -124,7 +124,7 @@ def test_a_failed_background_write_is_reported_at_close(tmp_path, monkeypatch):
 _KILLED_WHILE_WRITING = """
 import os, signal, sys
 import jax, jax.numpy as jnp
-from train.run import checkpoint
+from train.program import checkpoint
 real = os.rename
 def rename(src, dst, *args, **kwargs):
     if os.path.basename(str(src)) == "2.orbax-checkpoint-tmp":

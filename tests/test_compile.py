@@ -19,12 +19,13 @@ import pytest
 
 from configs import default, lm_kjv_llama, transformer_base
 from flax_transformer import sharding
-from train import sources, train_lib
+from train import tasks
 from train.aot import compile_costs, traced_costs
 from train.aot.compile_lib import abstract_batch
 from train.config import config_lib
 from train.config.sections import DataConfig
-from train.program import tasks
+from train.formats import sources
+from train.program import loop as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 needs_libtpu = pytest.mark.skipif(

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 from flax_transformer import sharding
-from train import train_lib
+from train import tasks
 from train.config import config_lib
-from train.program import optim, steps, tasks
+from train.formats import optimizers as optim
+from train.program import loop as train_lib
+from train.program import steps
 
 CONFIG_NAMES = sorted(
     p.stem

@@ -1,4 +1,4 @@
-"""train.data.corpora: the shipped Bibles (on miniature copies of their package files), the user's
+"""train.formats.corpora: the shipped Bibles (on miniature copies of their package files), the user's
 files, the hash split, and the real corpora where their packages are installed."""
 
 import csv
@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from train.data.corpora import bibles, corpus, splits
-from train.data.corpora import files as text_files
+from train.formats.corpora import bibles, corpus, splits
+from train.formats.corpora import files as text_files
 
 # ---------------------------------------------------------------------------------------------
 # Corpus formats, on miniature copies of the package files.
@@ -305,7 +305,7 @@ def test_read_splits_of_a_shipped_corpus_needs_no_file(monkeypatch):
 
     from configs import default
     from train.config import config_lib
-    from train.data import corpora
+    from train.formats import corpora
 
     pairs = [(f"source {i}", f"target {i}") for i in range(300)]
     entry = corpora.get_corpus("kjv-web")

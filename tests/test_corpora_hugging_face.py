@@ -7,8 +7,8 @@ import pytest
 
 from configs import default
 from train.config import config_lib
-from train.data.corpora.corpus import CorpusNotFoundError
-from train.data.corpora.hugging_face import load_hf_examples
+from train.formats.corpora.corpus import CorpusNotFoundError
+from train.formats.corpora.hugging_face import load_hf_examples
 
 RECORDS = [
     {"translation": {"de": "Guten  Morgen", "en": "Good morning"}, "id": 0},

@@ -16,9 +16,9 @@ import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_text, write_tiny_tsv
 
 from train.config import config_lib
+from train.core.rundir import RunDir
 from train.data import epoch_stream
 from train.data.batching import WHOLE_BATCH, RowShare
-from train.run.rundir import RunDir
 
 
 def _digest(batches) -> str:

@@ -15,9 +15,9 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import train_lib
-from train.run.failures import USAGE_ERROR
-from train.run.rundir import RunDir
+from train.core.failures import USAGE_ERROR
+from train.core.rundir import RunDir
+from train.program import loop as train_lib
 
 
 def _refused_before_step_1(config, workdir) -> str:

@@ -19,16 +19,18 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from configs import finetune_gpt2  # noqa: E402
-from train import sources, train_lib  # noqa: E402
 from train.config import config_lib  # noqa: E402
-from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
+from train.core.rundir import RunDir, prepare_workdir  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.export import export_adapters, export_run  # noqa: E402
-from train.program import finetune, optim, weights  # noqa: E402
+from train.formats import optimizers as optim  # noqa: E402
+from train.formats import sources  # noqa: E402
+from train.formats.corpora.bibles import load_kjv_lines  # noqa: E402
+from train.formats.sources import hf  # noqa: E402
+from train.program import finetune, weights  # noqa: E402
+from train.program import loop as train_lib  # noqa: E402
+from train.program.checkpoint import Checkpointer  # noqa: E402
 from train.program.inference import sample_text  # noqa: E402
-from train.run.checkpoint import Checkpointer  # noqa: E402
-from train.run.rundir import RunDir, prepare_workdir  # noqa: E402
-from train.sources import hf  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
 from train.tools.trained import load_trained  # noqa: E402
 
@@ -432,10 +434,10 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax
 sys.path.insert(0, {tests!r})
 from test_finetune import _config
-from train import train_lib
+from train.program import loop as train_lib
 from train.config import config_lib  # noqa: E402
-from train.run.checkpoint import Checkpointer
-from train.run.rundir import RunDir, prepare_workdir
+from train.program.checkpoint import Checkpointer
+from train.core.rundir import RunDir, prepare_workdir
 config = _config({model!r}, {corpus!r}, learning_rate=0.0, mesh_shape=(1, 2, 2))
 results = train_lib.train_and_evaluate(config, {workdir!r})
 experiment = config_lib.validate_config(config)

@@ -23,13 +23,14 @@ from verbatim_documents import HARD_DOCUMENTS  # noqa: E402
 
 from configs import finetune_gpt2  # noqa: E402
 from flax_transformer import DecoderOnlyTransformer  # noqa: E402
-from train import sources, train_lib  # noqa: E402
 from train.config import config_lib  # noqa: E402
-from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.export import export_run  # noqa: E402
+from train.formats import sources  # noqa: E402
+from train.formats.corpora.bibles import load_kjv_lines  # noqa: E402
+from train.formats.sources import gguf as gguf_source  # noqa: E402
+from train.program import loop as train_lib  # noqa: E402
 from train.program import weights  # noqa: E402
-from train.sources import gguf as gguf_source  # noqa: E402
 
 ATOL = 1e-5
 

@@ -20,10 +20,10 @@ pytest.importorskip("gguf")
 
 from configs import finetune_gpt2  # noqa: E402
 from flax_transformer import DecoderOnlyTransformer, generate_text  # noqa: E402
-from train import sources  # noqa: E402
 from train.config import config_lib  # noqa: E402
-from train.data.corpora.bibles import load_kjv_lines  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
+from train.formats import sources  # noqa: E402
+from train.formats.corpora.bibles import load_kjv_lines  # noqa: E402
 from train.program import weights  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -114,8 +114,9 @@ def test_a_run_of_the_shipped_config_frames_and_trains_as_the_model_was_pretrain
     no dropout (the checkpoint has none), so at learning rate 0 the train step's loss on a
     batch is the evaluation loss of the same batch (dropout 0.1 made it 8.9 against 3.9)."""
     from configs import finetune_smollm2
-    from train import train_lib
-    from train.program import steps, tasks
+    from train import tasks
+    from train.program import loop as train_lib
+    from train.program import steps
 
     config = finetune_smollm2.get_config()
     config.update(learning_rate=0.0, batch_size=2, max_len=32, max_decode_len=8)

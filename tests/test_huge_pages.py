@@ -1,5 +1,5 @@
 """`python -m train.<command>` asks glibc for huge pages for XLA's large host buffers by
-re-executing itself once with `glibc.malloc.hugetlb=1` (train.run.host_memory), where the
+re-executing itself once with `glibc.malloc.hugetlb=1` (train.core.host_memory), where the
 kernel gives them only on request; anywhere else, or where the user's GLIBC_TUNABLES names
 the tunable, nothing happens."""
 
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from train.run import host_memory
+from train.core import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,7 +126,7 @@ def test_where_nothing_is_to_be_done_the_start_is_the_processs_own(no_jax_yet):
 PROBE = """
 import ctypes, json, os
 import train
-from train.run import host_memory
+from train.core import host_memory
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 buffer = libc.malloc(256 << 20)

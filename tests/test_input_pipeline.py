@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from train_helpers import dataset_of, random_pairs, tiny_config, write_tiny_tsv
 
+from train.core.rundir import RunDir
 from train.data import batching, epoch_stream
-from train.program.tasks import TASKS
-from train.run.rundir import RunDir
+from train.tasks import TASKS
 
 TRANSLATION = TASKS["translation"]
 

@@ -294,9 +294,12 @@ def test_no_circle_between_the_programs_modules():
     "leaf, above",
     [
         # What a pretrained source is: read by config/, data/, store/ and program/ alike.
-        ("train.sources", ["train.config", "train.data", "train.store", "train.program"]),
+        (
+            "train.formats.sources",
+            ["train.config", "train.data", "train.data.store", "train.program"],
+        ),
         # The corpus table: the config's choices and the tasks' corpora derive from it.
-        ("train.data.corpora", ["train.config", "train.program", "train.store"]),
+        ("train.formats.corpora", ["train.config", "train.program", "train.data.store"]),
     ],
 )
 def test_the_programs_leaves_import_nothing_above_them(leaf, above):

@@ -19,11 +19,11 @@ import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
 from train import launch_local
+from train.core import distributed
+from train.core.rundir import RunDir
 from train.data import batching, packing
 from train.program import metrics
-from train.program.tasks import TASKS
-from train.run import distributed
-from train.run.rundir import RunDir
+from train.tasks import TASKS
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # Every run of the slow test is stopped after this long, whatever happens.
@@ -36,8 +36,8 @@ STEPS, CHECKPOINT_EVERY, KILL_AT_STEP = 8, 4, 6
 _KILLING_MAIN = (
     "import os, signal, sys, time\n"
     "import jax\n"
-    "from train import main, train_lib\n"
-    "from train.run.rundir import RunDir\n"
+    "from train import main\nfrom train.program import loop as train_lib\n"
+    "from train.core.rundir import RunDir\n"
     "real = train_lib.train_and_evaluate\n"
     "workdir = sys.argv[sys.argv.index('--workdir') + 1]\n"
     f"committed = RunDir(workdir).checkpoints / '{CHECKPOINT_EVERY}'\n"
@@ -245,9 +245,10 @@ import jax
 import numpy as np
 sys.path.insert(0, {tests!r})
 from train_helpers import tiny_config
-from train import train_lib
+from train.program import loop as train_lib
 from train.config import config_lib
-from train.program import metrics, steps, tasks
+from train.program import metrics, steps
+from train import tasks
 assert jax.device_count() == 2
 # 1. Validation: 300 batches, more than XLA's in-process all-reduce survives queued at once.
 config = tiny_config({corpus!r}, task="lm", corpus="text", packing="stream", num_train_steps=300,
@@ -405,7 +406,7 @@ _TERMINATING_MAIN = (
     "import os, signal, sys, time\n"
     "import jax\n"
     "from jax._src import distributed as jax_distributed\n"
-    "from train import main, train_lib\n"
+    "from train import main\nfrom train.program import loop as train_lib\n"
     "real = train_lib.train_and_evaluate\n"
     "def terminate(step):\n"
     f"    if step != {STOP_AT_STEP}:\n"
@@ -446,7 +447,7 @@ def test_a_sigterm_to_one_process_stops_both_at_one_step_and_the_rerun_finishes(
 
 def test_train_lib_says_when_the_cpu_devices_asked_for_are_not_there(tmp_path, caplog):
     # In-process (a notebook, these tests) JAX has already started on its devices.
-    from train import train_lib
+    from train.program import loop as train_lib
 
     config = tiny_config(write_tiny_tsv(tmp_path), num_train_steps=1, bleu_examples=0)
     config.cpu_devices = jax.local_device_count() + 1

@@ -8,12 +8,12 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import train_lib
 from train.config import config_lib
 from train.config.sections import DataConfig
+from train.core.rundir import RunDir
 from train.program import inference, metrics
-from train.run.checkpoint import Checkpointer
-from train.run.rundir import RunDir
+from train.program import loop as train_lib
+from train.program.checkpoint import Checkpointer
 from train.tools.trained import load_trained
 
 pytestmark = pytest.mark.filterwarnings(

@@ -23,10 +23,9 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import train_lib
-from train.program import metrics
-from train.run import checkpoint
-from train.run.rundir import RunDir
+from train.core.rundir import RunDir
+from train.program import checkpoint, metrics
+from train.program import loop as train_lib
 
 OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"
 # Each kind of old run and the corpus it read (relative to its current directory).

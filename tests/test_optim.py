@@ -1,4 +1,4 @@
-"""train.program.optim: the schedule and the optax optimizer built from the checked sections.
+"""train.formats.optimizers: the schedule and the optax optimizer built from the checked sections.
 
 The paper's schedule (eq. 3) is pinned on `configs/transformer_base.py` in
 tests/test_config_files.py, and the rate each step reports in tests/test_sections.py; here
@@ -15,7 +15,7 @@ from optax.contrib import MuonDimensionNumbers
 
 from flax_transformer import Transformer, TransformerConfig
 from train.config.sections import OptimizerConfig, ScheduleConfig
-from train.program import optim
+from train.formats import optimizers as optim
 
 PARAMS = {"embed": jnp.full((3,), 0.5), "new": jnp.full((2,), -0.5), "old": jnp.full((2,), 1.0)}
 GRADS = {

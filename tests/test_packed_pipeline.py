@@ -23,7 +23,7 @@ from train.data import batching, epoch_stream, packing
 from train.data.batching import RowShare
 from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, SpecialIds
 from train.program import steps
-from train.program.tasks import TASKS, drop_target_tokens, get_task
+from train.tasks import TASKS, drop_target_tokens, get_task
 
 TRANSLATION, LM = TASKS["translation"], TASKS["lm"]
 
@@ -345,7 +345,7 @@ def test_config_names_the_renamed_packed_field():
 # A packed run; test_packing's packed-vs-unpacked gradient test keeps packing in the quick run.
 @pytest.mark.slow
 def test_packed_translation_run_trains(tmp_path):
-    from train import train_lib
+    from train.program import loop as train_lib
 
     config = tiny_config(write_tiny_tsv(tmp_path), packing="segments", bleu_examples=0)
     results = train_lib.train_and_evaluate(config, str(tmp_path / "run"))

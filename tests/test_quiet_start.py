@@ -1,6 +1,6 @@
 """A command's output starts with the program's own lines: on a host without accelerators,
 the plugins installed for them (libtpu, jax's CUDA plugin) are not started
-(`train.cli.skip_absent_accelerators`, applied by train/__init__.py), and a user's
+(`train.core.cli.skip_absent_accelerators`, applied by train/__init__.py), and a user's
 JAX_PLATFORMS, a TPU VM and a GPU host are left as they are."""
 
 import os
@@ -10,7 +10,7 @@ import sys
 import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
-from train import cli
+from train.core import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What libtpu (no TPU metadata) and jax's CUDA plugin (no driver) print when jax starts them

@@ -11,7 +11,7 @@ import pytest
 
 from configs import default
 from flax_transformer import TransformerConfig, sharding
-from train import train_lib
+from train import tasks
 from train.config import config_lib
 from train.config.sections import (
     DataConfig,
@@ -23,9 +23,11 @@ from train.config.sections import (
     ScheduleConfig,
     StepConfig,
 )
+from train.core import failures
 from train.data.tokenizer import ByteTokenizer
-from train.program import optim, steps, tasks
-from train.run import failures
+from train.formats import optimizers as optim
+from train.program import loop as train_lib
+from train.program import steps
 
 
 @pytest.fixture
@@ -180,9 +182,9 @@ def test_the_sections_load_alone():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout.strip()))
-    table = {"train.data", "train.data.corpora", "train.data.conversations"}
+    table = {"train.data", "train.formats.corpora", "train.formats.corpora.conversations"}
     assert {"train.config", "train.config.sections", *table} <= loaded
-    others = {m for m in loaded - table if not m.startswith("train.data.corpora.")}
+    others = {m for m in loaded - table if not m.startswith("train.formats.corpora.")}
     assert others == {"train.config", "train.config.sections"}
 
 

@@ -9,7 +9,7 @@ import pytest
 from train_helpers import dataset_of, tiny_config
 
 from benchmarks import speedrun
-from train.run.rundir import RunDir
+from train.core.rundir import RunDir
 
 
 def test_the_peer_validates_on_our_programs_windows(tmp_path):

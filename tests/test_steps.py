@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from train.program import steps, tasks
-from train.program.tasks import TASKS
+from train import tasks
+from train.program import steps
+from train.tasks import TASKS
 
 TRANSLATION = TASKS["translation"]
 

@@ -12,10 +12,10 @@ import pytest
 from test_multiprocess import _params, _run
 from train_helpers import tiny_config, write_tiny_text
 
-from train import train_lib
+from train.core.rundir import RunDir
+from train.data.store.token_store import MANIFEST
+from train.program import loop as train_lib
 from train.program import metrics
-from train.run.rundir import RunDir
-from train.store.token_store import MANIFEST
 
 STEPS, CHECKPOINT_EVERY = 8, 4
 

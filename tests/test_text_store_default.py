@@ -9,9 +9,9 @@ import logging
 import pytest
 from train_helpers import tiny_config, write_tiny_text
 
-from train import train_lib
-from train.run.rundir import RunDir
-from train.store.token_store import MANIFEST
+from train.core.rundir import RunDir
+from train.data.store.token_store import MANIFEST
+from train.program import loop as train_lib
 
 
 class _Stop(Exception):

@@ -14,10 +14,10 @@ from train_helpers import tiny_config, vocabulary_of
 
 from train.config.sections import DataConfig
 from train.data.batching import RowShare
-from train.data.corpora import splits
+from train.data.store import store_pipeline, store_prepare
+from train.data.store.token_store import MANIFEST, SHARDS, StoreError, TokenStore, store_settings
 from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer
-from train.store import store_pipeline, store_prepare
-from train.store.token_store import MANIFEST, SHARDS, StoreError, TokenStore, store_settings
+from train.formats.corpora import splits
 
 
 def _lines(count: int, seed: int = 0) -> list[str]:

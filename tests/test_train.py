@@ -13,10 +13,10 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import train_lib
 from train.config.sections import DecodeOptions
+from train.core.rundir import RunDir
 from train.program import inference, metrics
-from train.run.rundir import RunDir
+from train.program import loop as train_lib
 from train.tools.trained import load_trained
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
@@ -288,7 +288,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import jax
 sys.path.insert(0, {tests!r})
 from train_helpers import tiny_config
-from train import train_lib
+from train.program import loop as train_lib
 from train.program import metrics
 assert jax.device_count() == 4
 config = tiny_config({corpus!r}, num_train_steps=4, bleu_examples=0)

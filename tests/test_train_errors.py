@@ -6,11 +6,11 @@ import sys
 import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import train_lib
 from train.config import config_lib
-from train.data.corpora import bibles, corpus
+from train.core.rundir import RunDir
 from train.data.tokenizer import ByteTokenizer
-from train.run.rundir import RunDir
+from train.formats.corpora import bibles, corpus
+from train.program import loop as train_lib
 
 
 def _run_main(*args, cwd=None):

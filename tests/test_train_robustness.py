@@ -14,12 +14,12 @@ import sys
 import pytest
 from train_helpers import dataset_of, tiny_config, write_tiny_tsv
 
-from train import train_lib
 from train.config import config_lib
+from train.core import rundir
+from train.core.failures import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
+from train.core.rundir import RunDir
+from train.program import loop as train_lib
 from train.program import metrics
-from train.run import rundir
-from train.run.failures import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFailure
-from train.run.rundir import RunDir
 from train.tools.trained import load_trained
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -169,7 +169,7 @@ def test_rerun_after_losing_results_json_does_not_duplicate_metrics(tmp_path):
 # a while: a busy machine could outlast any while).
 _HOLD_LOCK = (
     "import sys\n"
-    "from train.run.rundir import WorkdirLock\n"
+    "from train.core.rundir import WorkdirLock\n"
     "with WorkdirLock(sys.argv[1]):\n"
     "    print('locked', flush=True)\n"
     "    sys.stdin.read()\n"
@@ -575,7 +575,8 @@ def test_usage_mistakes_of_every_program_are_one_line_and_status_2(module, args,
 # process after step SIGTERM_AT: a real signal, at a step chosen for a repeatable test.
 _SIGTERMED = """
 import os, signal, sys
-from train import main, train_lib
+from train import main
+from train.program import loop as train_lib
 real = train_lib.train_and_evaluate
 def notice(step):
     if step == int(os.environ["SIGTERM_AT"]):
@@ -591,7 +592,7 @@ def test_sigterm_saves_at_the_next_step_and_the_rerun_resumes_exactly(tmp_path):
     import jax
     import numpy as np
 
-    from train.run.failures import PREEMPTED
+    from train.core.failures import PREEMPTED
 
     steps = dict(num_train_steps=10, checkpoint_every_steps=4, eval_every_steps=5)
     steps.update(log_every_steps=5, **{"model.dropout_rate": 0.1})

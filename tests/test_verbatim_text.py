@@ -15,14 +15,14 @@ from verbatim_documents import HARD_DOCUMENTS, filler_lines
 from configs import default
 from train.config import config_lib
 from train.config.sections import DataConfig
+from train.core.rundir import RunDir
 from train.data import in_memory
-from train.data.corpora import bibles, corpus, splits
-from train.data.corpora import files as text_files
+from train.data.store import store_prepare
+from train.data.store.token_store import MANIFEST, StoreError, tokenizer_path
 from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer
 from train.data.tokenizers import open_tokenizer
-from train.run.rundir import RunDir
-from train.store import store_prepare
-from train.store.token_store import MANIFEST, StoreError, tokenizer_path
+from train.formats.corpora import bibles, corpus, splits
+from train.formats.corpora import files as text_files
 
 # A lossless vocabulary for these documents: 260 special and byte pieces, then characters
 # and pieces of the filler text (SentencePiece refuses more than the corpus offers).

@@ -15,7 +15,7 @@ from matplotlib import pyplot as plt
 from flax_transformer import DecoderOnlyTransformer, Transformer, TransformerConfig
 from train import visualize
 from train.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, ByteTokenizer
-from train.program.tasks import get_task, task_of
+from train.tasks import get_task, task_of
 from train.tools import attention_figures, attention_recording
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

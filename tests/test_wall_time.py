@@ -9,10 +9,11 @@ import time
 import pytest
 from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 
-from train import train_lib
+from train import tasks
 from train.config import config_lib
-from train.program import metrics, tasks
-from train.run.rundir import RunDir
+from train.core.rundir import RunDir
+from train.program import loop as train_lib
+from train.program import metrics
 
 # A failed orbax restore leaves a callback for its closed asyncio loop (as in test_train).
 pytestmark = pytest.mark.filterwarnings(

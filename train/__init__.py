@@ -10,15 +10,15 @@ STARTED = time.time()
 
 # While Python locates the module of `python -m train.<command>`, sys.argv[0] is "-m": the
 # commands (and only they, never a notebook's `import train`) start jax on the CPU of a host
-# without accelerators, before any of them imports jax (train.cli.skip_absent_accelerators).
+# without accelerators, before any of them imports jax (train.core.cli.skip_absent_accelerators).
 # First, where the kernel gives huge pages only on request, a command re-executes itself once
-# so that glibc requests them for XLA's large buffers (train.run.host_memory); STARTED is
+# so that glibc requests them for XLA's large buffers (train.core.host_memory); STARTED is
 # then the first process's start.
 if sys.argv[:1] == ["-m"]:
-    from train.run.host_memory import use_huge_pages
+    from train.core.host_memory import use_huge_pages
 
     STARTED = use_huge_pages(STARTED)
 
-    from train.cli import skip_absent_accelerators
+    from train.core.cli import skip_absent_accelerators
 
     skip_absent_accelerators()

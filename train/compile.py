@@ -44,7 +44,7 @@ from train.aot.compile_costs import (
     check_attention_impl,
     chip_of,
 )
-from train.cli import (
+from train.core.cli import (
     define_config_flag,
     die,
     loaded_config,
@@ -52,7 +52,7 @@ from train.cli import (
     parse_config_flags,
     quiet_library_logs,
 )
-from train.run.failures import RUN_ERROR, USAGE_ERROR
+from train.core.failures import RUN_ERROR, USAGE_ERROR
 
 if TYPE_CHECKING:
     from train.aot.compile_lib import TopologyReport

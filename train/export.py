@@ -31,10 +31,10 @@ from absl import app, flags
 
 from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
-from train import sources
-from train.cli import die, parse_flags, quiet_library_logs
-from train.run.failures import USAGE_ERROR
-from train.sources.hf import TOKENIZER_FILES
+from train.core.cli import die, parse_flags, quiet_library_logs
+from train.core.failures import USAGE_ERROR
+from train.formats import sources
+from train.formats.sources.hf import TOKENIZER_FILES
 from train.tools import tools
 
 # Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.

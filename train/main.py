@@ -9,9 +9,9 @@ Rerunning a command resumes from its work directory's latest checkpoint.
 Several processes (one per host, or several on one machine: `python -m train.launch_local`)
 run the same command with `--coordinator_address=HOST:PORT --num_processes=N
 --process_id=I` (or $JAX_COORDINATOR_ADDRESS, $JAX_NUM_PROCESSES, $JAX_PROCESS_ID), each
-with its own index; see train.run.distributed and docs/multiprocess.md.
+with its own index; see train.core.distributed and docs/multiprocess.md.
 
-Exit status (train.cli): 0 when done; 2 for a usage error, fixed on the command line (a
+Exit status (train.core.cli): 0 when done; 2 for a usage error, fixed on the command line (a
 bad flag, config file or value, a missing or malformed data file, a --workdir that is a
 file); 1 for a run failure (a work directory that cannot be written, a disk full or other
 I/O error, a damaged checkpoint, a work directory locked by another run, a diverged loss).
@@ -28,8 +28,14 @@ import sys
 
 from absl import app, flags, logging
 
-from train.cli import define_config_flag, die, loaded_config, parse_config_flags, quiet_library_logs
-from train.run.failures import PREEMPTED, RUN_ERROR, USAGE_ERROR
+from train.core.cli import (
+    define_config_flag,
+    die,
+    loaded_config,
+    parse_config_flags,
+    quiet_library_logs,
+)
+from train.core.failures import PREEMPTED, RUN_ERROR, USAGE_ERROR
 
 DEFAULT_WORKDIR = "runs/default"
 
@@ -55,7 +61,7 @@ def main(argv: list[str]) -> None:
     config = loaded_config(FLAGS.config)
     quiet_library_logs()
     # Imported after flag parsing: jax starts only for a valid command line.
-    from train.run import distributed
+    from train.core import distributed
 
     try:
         settings = distributed.settings_from_env(
@@ -78,9 +84,9 @@ def main(argv: list[str]) -> None:
     import jax
 
     import train
-    from train import train_lib
-    from train.data.corpora.corpus import CorpusNotFoundError
-    from train.run.failures import Preempted, RunFailure
+    from train.core.failures import Preempted, RunFailure
+    from train.formats.corpora.corpus import CorpusNotFoundError
+    from train.program import loop as train_lib
 
     logging.info("Work directory: %s", pathlib.Path(FLAGS.workdir).absolute())
     if cpu_devices > 1 and jax.default_backend() == "cpu":

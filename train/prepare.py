@@ -5,14 +5,14 @@
         --config.store_dir=/shared/stores/my_corpus --config.vocab_size=32000
 
 It takes the same `--config` and `--config.<field>=` flags as train.main (only the data
-fields matter) and writes the store `--config.store_dir` names (`train.store.store_prepare`):
+fields matter) and writes the store `--config.store_dir` names (`train.data.store.store_prepare`):
 worker processes over the cores (`--config.prepare_workers`), a progress bar with tokens/s,
 finished shards kept when rerun. On several machines sharing the directory, run it on each
 with `--part=i/n` (i = 0 ... n - 1): each tokenizes its shards, and the last to finish writes
 the manifest (start part 0 first, or let every part train the same tokenizer). train.main
 prepares a missing store itself, so this command is only needed to do it ahead of time.
 A chat run's flags (`--config.task=chat`) write its conversations, rendered and masked, in
-one process (`train.store.chat_store`; `--part` and `--workers` do not apply).
+one process (`train.data.chat.store`; `--part` and `--workers` do not apply).
 
 Exit status (as train.main): 0 when the store is whole (or this part is done), 2 for a usage
 error (a bad flag or config value, inputs that match nothing or are not UTF-8, a store of
@@ -25,8 +25,14 @@ import sys
 
 from absl import app, flags, logging
 
-from train.cli import define_config_flag, die, loaded_config, parse_config_flags, quiet_library_logs
-from train.run.failures import RUN_ERROR, USAGE_ERROR
+from train.core.cli import (
+    define_config_flag,
+    die,
+    loaded_config,
+    parse_config_flags,
+    quiet_library_logs,
+)
+from train.core.failures import RUN_ERROR, USAGE_ERROR
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("part", "0/1", "i/n: prepare shards i, i+n, ... (machine i of n).")
@@ -51,10 +57,10 @@ def main(argv: list[str]) -> None:
     config = loaded_config(FLAGS.config)
     quiet_library_logs()
     from train.config import config_lib
+    from train.data.chat.store import prepare_chat_store
+    from train.data.store.store_prepare import StoreWriteError, prepare_store
     from train.data.tokenizers import vocabulary
-    from train.program.tasks import get_task
-    from train.store.chat_store import prepare_chat_store
-    from train.store.store_prepare import StoreWriteError, prepare_store
+    from train.tasks import get_task
 
     try:
         part = _part(FLAGS.part)

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from train.cli import die, parse_flags, quiet_library_logs
-from train.run.failures import USAGE_ERROR
+from train.core.cli import die, parse_flags, quiet_library_logs
+from train.core.failures import USAGE_ERROR
 
 
 def _define_flags() -> None:
@@ -54,7 +54,7 @@ def sample_prompts(
 ) -> list[str]:
     """The program: continues each prompt `num_samples` times with the run in `workdir`; an
     option left None is the run's. Any error ends the process with one line
-    (`train.cli.die`), a bad option before the checkpoint is read.
+    (`train.core.cli.die`), a bad option before the checkpoint is read.
 
     Returns:
         Each prompt followed by its continuation, the samples of a prompt together.
@@ -124,10 +124,10 @@ def chat_replies(
     Returns:
         The replies alone, the samples of a message together.
     """
-    from train.data.chat_examples import run_chat_encoder
+    from train.core.rundir import RunDir
+    from train.data.chat.examples import run_chat_encoder
     from train.data.tokenizers import run_tokenizer
     from train.program.inference import chat_replies as decode_replies
-    from train.run.rundir import RunDir
     from train.tools import tools
 
     quiet_library_logs()

@@ -86,7 +86,7 @@ def write_tiny_model(
     if family not in SPECIALS:
         raise ValueError(f"family={family!r}: must be one of {tuple(SPECIALS)}.")
     if texts is None:
-        from train.data.corpora.bibles import load_kjv_lines
+        from train.formats.corpora.bibles import load_kjv_lines
 
         texts = load_kjv_lines()[:3000]
     out = pathlib.Path(out)

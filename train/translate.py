@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from absl import app, flags
 
-from train.cli import die, parse_flags, quiet_library_logs
-from train.run.failures import USAGE_ERROR
+from train.core.cli import die, parse_flags, quiet_library_logs
+from train.core.failures import USAGE_ERROR
 
 
 def _define_flags() -> None:
@@ -42,7 +42,7 @@ def translate_sentences(
     batch_size: int | None = None,
 ) -> list[str]:
     """The program: translates `sentences` with the run in `workdir`; an option left None
-    is the run's. Any error ends the process with one line (`train.cli.die`), a bad option
+    is the run's. Any error ends the process with one line (`train.core.cli.die`), a bad option
     before the checkpoint is read.
 
     Returns:

@@ -17,7 +17,7 @@ one interactive, self-contained HTML page; `--out` names the file, default
     python -m train.visualize --workdir runs/default --text "In the beginning" --html
 
 What differs between a translation run and a language model (the prompt, how it is decoded,
-whether a target may be given) is the run's `Task` (`train.program.tasks`).
+whether a target may be given) is the run's `Task` (`train.tasks`).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any
 from absl import app, flags
 from flax import linen as nn
 
-from train.cli import die, parse_flags, quiet_library_logs
-from train.program.tasks import Task, get_task
-from train.run.failures import RUN_ERROR, USAGE_ERROR, RunFailure
-from train.run.rundir import RunDir, WorkdirLock
+from train.core.cli import die, parse_flags, quiet_library_logs
+from train.core.failures import RUN_ERROR, USAGE_ERROR, RunFailure
+from train.core.rundir import RunDir, WorkdirLock
+from train.tasks import Task, get_task
 from train.tools import tools
 from train.tools.attention_figures import render_all
 from train.tools.attention_recording import model_variables
@@ -144,7 +144,7 @@ def visualize(
 ) -> list[pathlib.Path]:
     """The program: loads the run, decodes `text` (or takes the given `target`), writes the
     pictures (or the page) and prints what it wrote. Any error ends the process with one
-    line (`train.cli.die`).
+    line (`train.core.cli.die`).
 
     Returns:
         The paths written.

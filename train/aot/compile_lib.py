@@ -24,14 +24,14 @@ import jax
 from jax.experimental import topologies
 
 from flax_transformer import sharding as sharding_lib
-from train import train_lib
+from train import tasks
 from train.aot import compile_costs, traced_costs
 from train.aot.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
-from train.cli import native_stderr_captured
 from train.config import config_lib
+from train.core.cli import native_stderr_captured
 from train.data.packing import get_packer
 from train.data.tokenizer import UNK_ID, model_vocab_size
-from train.program import tasks
+from train.program import loop as train_lib
 
 
 @contextlib.contextmanager

@@ -20,7 +20,6 @@ from typing import Any
 import ml_collections
 
 from flax_transformer import TransformerConfig
-from train import sources
 from train.config.sections import (
     CORPORA,
     PACKINGS,
@@ -33,11 +32,12 @@ from train.config.sections import (
     StepConfig,
     fail,
 )
+from train.core.failures import DamagedFileError, model_field_error
+from train.core.rundir import RunDir, read_json
 from train.data.tokenizer import PAD_ID, model_vocab_size
+from train.formats import sources
 from train.program import finetune
-from train.program.tasks import TASKS, owners
-from train.run.failures import DamagedFileError, model_field_error
-from train.run.rundir import RunDir, read_json
+from train.tasks import TASKS, owners
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -66,7 +66,7 @@ def validate_config(
     Args:
         config: an experiment config (see `configs/default.py` for every field).
         workdir: the run directory, where a run from pretrained weights keeps its copy of
-            the model's config and tokenizer (`train.sources.open_source`); None reads
+            the model's config and tokenizer (`train.formats.sources.open_source`); None reads
             `--config.init_from` itself.
 
     Returns:
@@ -187,7 +187,7 @@ def merge_model_config(
         origin: where `base` was read (named in errors).
         base: the source's model config (`source_model`).
         model_fields: `config.model` as a dict; an architecture field
-            (`train.sources.ARCHITECTURE_FIELDS`) must be None or the source's value, any
+            (`train.formats.sources.ARCHITECTURE_FIELDS`) must be None or the source's value, any
             other field is applied.
 
     Raises:

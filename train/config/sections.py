@@ -16,13 +16,13 @@ Each section checks its own fields when it is made, and names a bad one as it is
 the command line (`--config.field=value`), so an override is fixed where it was made. What
 depends on the task registry (the corpora, packings and fields a task accepts) is checked
 by `validate_config`, above the registry. The corpora come from their table
-(`train.data.corpora`), a leaf that imports nothing of the program, so that the tasks and the
+(`train.formats.corpora`), a leaf that imports nothing of the program, so that the tasks and the
 decoding may read the sections without a circle; the names of the chat loss masks from
-`train.data.conversations`, plain Python that the table's conversations read too. Every
+`train.formats.corpora.conversations`, plain Python that the table's conversations read too. Every
 function of the program receives the section it reads, never the whole config.
 
 The sections are data: what is built from them lives in `train/program/` (the schedule and
-the optax optimizer in `train.program.optim`, the decoding strategies in
+the optax optimizer in `train.formats.optimizers`, the decoding strategies in
 `train.program.inference`).
 """
 
@@ -36,11 +36,11 @@ from typing import Any, ClassVar
 import ml_collections
 
 from flax_transformer import TransformerConfig
-from train.data import corpora
-from train.data.conversations import TRAIN_ON
-from train.data.corpora.files import TEXT_DOCUMENTS
+from train.formats import corpora
+from train.formats.corpora.conversations import TRAIN_ON
+from train.formats.corpora.files import TEXT_DOCUMENTS
 
-# Every --config.corpus value, in the order of the corpus table (`train.data.corpora`).
+# Every --config.corpus value, in the order of the corpus table (`train.formats.corpora`).
 CORPORA = tuple(corpora.CORPORA)
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
 OPTIMIZERS = ("adam", "adamw", "muon", "schedule_free_adamw")
@@ -49,7 +49,7 @@ RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
 # The tasks a token store feeds (`--config.store_dir`): documents, and conversations with
-# their loss mask (train.store.chat_store).
+# their loss mask (train.data.chat.store).
 STORE_TASKS = ("lm", "chat")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
@@ -152,14 +152,14 @@ class DataConfig(_ReadByName):
     text_documents: str = "lines"
     valid_path: str = ""
     test_path: str = ""
-    # The token store (train.store.token_store); '' reads the corpus in memory at every start.
+    # The token store (train.data.store.token_store); '' reads the corpus in memory at every start.
     store_dir: str = ""
     text_field: str = "text"
     store_sample_chars: int = 10_000_000
     store_shard_bytes: int = 64 << 20
     prepare_workers: int = 0
     loader_threads: int = 4
-    # A pretrained model's source (train.sources): its weights start the run and its
+    # A pretrained model's source (train.formats.sources): its weights start the run and its
     # tokenizer is the run's (tokenizer='pretrained').
     init_from: str = ""
     # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
@@ -336,7 +336,7 @@ class DataConfig(_ReadByName):
             )
 
     def _check_corpus(self) -> None:
-        """The data fields the corpus's entry needs (`train.data.corpora.Corpus.needs`)."""
+        """The data fields the corpus's entry needs (`train.formats.corpora.Corpus.needs`)."""
         for field, what in corpora.CORPORA[self.corpus].needs:
             if not getattr(self, field):
                 raise fail(field, getattr(self, field), f"corpus={self.corpus!r} needs {what}")
@@ -367,7 +367,7 @@ class ScheduleConfig:
     """The learning rate as a function of the optimizer update count.
 
     Attributes:
-        schedule: 'rsqrt', 'cosine' or 'constant' (`train.program.optim.make_schedule`).
+        schedule: 'rsqrt', 'cosine' or 'constant' (`train.formats.optimizers.make_schedule`).
         learning_rate: the peak rate, reached at the end of warm-up.
         warmup_steps: linear warm-up, in updates.
         num_updates: updates in the whole run (`num_train_steps // grad_accum_steps`, at least
@@ -413,7 +413,7 @@ class ScheduleConfig:
 class OptimizerConfig(_ReadByName):
     """Global-norm clipping, then the update rule (Adam, AdamW, Muon with AdamW, or
     schedule-free AdamW); gradient accumulation; for fine-tuning, parameter groups frozen or
-    trained at a lower rate (`train.program.optim.make_optimizer`).
+    trained at a lower rate (`train.formats.optimizers.make_optimizer`).
 
     Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
     take effect with `--config.init_from` (`train.program.finetune` gives each parameter its
@@ -580,7 +580,7 @@ class DecodeOptions:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Validation, BLEU and the samples of the final report (`train.program.tasks`,
+    """Validation, BLEU and the samples of the final report (`train.tasks`,
     `train.program.inference`).
 
     Attributes:
@@ -629,14 +629,14 @@ class RunConfig(_ReadByName):
         rng_impl: the dropout PRNG ('threefry2x32', 'rbg', 'unsafe_rbg').
         mesh_shape: the (data, fsdp, tensor) device mesh; -1 = the devices left.
         cpu_devices: the devices `train.main` makes of a CPU's cores (0 = auto;
-            `train.run.distributed.split_cpu`).
+            `train.core.distributed.split_cpu`).
         log_every_steps, eval_every_steps, bleu_every_steps, checkpoint_every_steps,
             keep_checkpoints, async_checkpoints: the config fields of the same names.
         target_valid_loss: stop once a validation loss (nll, every `eval_every_steps`) is
             at most this; 0 = no target.
         target_bleu: translation: stop once an interim BLEU (every `bleu_every_steps`) is at
             least this; 0 = no target. Reaching either target saves a checkpoint and ends
-            the run with its report (`train.train_lib`).
+            the run with its report (`train.program.loop`).
     """
 
     num_train_steps: int

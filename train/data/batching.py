@@ -76,7 +76,7 @@ WHOLE_BATCH = RowShare()
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MaskedTokens:
-    """A side's tokens that carry their own loss mask (a conversation: `train.data.chat`),
+    """A side's tokens that carry their own loss mask (a conversation: `train.data.chat.encoding`),
     taken as they are: no BOS or EOS is put around them.
 
     Attributes:

@@ -12,13 +12,13 @@ import numpy as np
 from train.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from train.program.tasks import Task
+    from train.tasks import Task
 
 
 @dataclasses.dataclass
 class Dataset:
     """Everything the training loop needs from the data, whichever path read it (a token
-    store, `train.store.store_pipeline.open_store_dataset`, or the corpus in memory,
+    store, `train.data.store.store_pipeline.open_store_dataset`, or the corpus in memory,
     `train.data.in_memory.build_dataset`; `train.data.input_pipeline.open_dataset` chooses).
 
     Attributes:
@@ -26,7 +26,7 @@ class Dataset:
         tokenizer: encodes and decodes text; its special ids are the batching's.
         eval_batches: all the validation batches, in a fixed order.
         valid_examples: validation texts: (source, target) pairs, lines, or held-out
-            conversations (`train.data.chat_examples.HeldOut`) (empty for a token store,
+            conversations (`train.data.chat.examples.HeldOut`) (empty for a token store,
             which keeps token ids only).
         chars_per_token: characters of the validation texts per validation label (EOS
             and BOS labels count no character), to turn nats per label into bits per
@@ -34,7 +34,7 @@ class Dataset:
         sizes: example counts: train (real pairs kept), copied ((target, target) pairs added),
             valid/test, and how many were dropped as too long (a store: documents, tokens);
             a chat run adds its conversations cut and dropped by reason, and the tokens read
-            and trained, per split (`train.data.chat_examples.ChatCounts.sizes`).
+            and trained, per split (`train.data.chat.examples.ChatCounts.sizes`).
         fingerprint: `data_fingerprint` of the train and validation splits, before
             tokenization (or the token store's `fingerprint`): a resumed run checks that it
             still trains on the same data.

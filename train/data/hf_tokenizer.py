@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from train.data.tokenizer import SpecialIds, _check_decodable
-from train.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from train.formats.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
 
 # A text to ask a post-processor what it adds around any text.
 _PROBE = "a"
@@ -216,7 +216,7 @@ class PretrainedTokenizer:
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """`encode(text)` and each token's [start, end) character span in `text` (the Rust
         tokenizer's offsets: a byte-level token holding part of a character spans all of it),
-        for mapping tokens to the characters a chat template wrote (`train.data.chat`)."""
+        for mapping tokens to the characters a chat template wrote (`train.data.chat.encoding`)."""
         encoding = self._tok.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
 

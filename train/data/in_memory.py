@@ -1,8 +1,8 @@
 """A corpus read in memory, to batches: load -> split -> tokenize -> filter -> batch.
 
-The corpus and its split come from the corpus table (`train.data.corpora`), the tokenizer
+The corpus and its split come from the corpus table (`train.formats.corpora`), the tokenizer
 from the one factory (`train.data.tokenizers`), what an example is made of from the run's
-`train.program.tasks` Task, and how examples become batches from the run's
+`train.tasks` Task, and how examples become batches from the run's
 `train.data.packing` packer; `build_dataset` wires them as the data section says and checks
 the ids that enter the program. The training batches are an `EpochStream`: every epoch
 reshuffled from (seed, epoch), resumable exactly.
@@ -21,15 +21,15 @@ import numpy as np
 
 from flax_transformer.checks.tokens import check_token_range
 from train.config.sections import DataConfig
+from train.core.rundir import RunDir
 from train.data.batching import WHOLE_BATCH, RowShare, filter_by_length
-from train.data.corpora.splits import read_splits
 from train.data.dataset import ONE_PROCESS, Dataset, Processes
 from train.data.epoch_stream import EpochStream
 from train.data.packing import Packer, get_packer
 from train.data.tokenizer import SpecialIds, Tokenizer
 from train.data.tokenizers import run_tokenizer
-from train.program.tasks import Task, get_task
-from train.run.rundir import RunDir
+from train.formats.corpora.splits import read_splits
+from train.tasks import Task, get_task
 
 # Below this many training examples (real ones, copies not counted) a run still works but
 # learns little that generalises, and its validation scores are noise: worth a warning.

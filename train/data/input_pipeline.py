@@ -1,11 +1,11 @@
 """The run's data: `open_dataset` chooses how the data section is read, and gives the
 training loop one `train.data.dataset.Dataset` either way.
 
-- a token store (`train.store.store_pipeline.open_store_dataset`): the section names one
+- a token store (`train.data.store.store_pipeline.open_store_dataset`): the section names one
   (`--config.store_dir`), or it is a text language model, which then prepares one under its
   work directory (`run_data_section`), so its memory stays flat in corpus size; a task whose
   examples carry a loss mask (chat) reads its own kind of store
-  (`train.store.chat_rows.open_chat_store_dataset`), only where the section names one;
+  (`train.data.chat.rows.open_chat_store_dataset`), only where the section names one;
 - the corpus in memory (`train.data.in_memory.build_dataset`): translation, and the corpora
   a store cannot hold.
 """
@@ -16,15 +16,15 @@ import dataclasses
 import logging
 
 from train.config.sections import DataConfig
-from train.data import corpora
+from train.core.rundir import RunDir, read_json
 from train.data.batching import WHOLE_BATCH, RowShare
+from train.data.chat.rows import open_chat_store_dataset
 from train.data.dataset import ONE_PROCESS, Dataset, Processes
 from train.data.in_memory import build_dataset
+from train.data.store.store_pipeline import open_store_dataset
 from train.data.tokenizers import Vocabulary
-from train.program.tasks import get_task
-from train.run.rundir import RunDir, read_json
-from train.store.chat_rows import open_chat_store_dataset
-from train.store.store_pipeline import open_store_dataset
+from train.formats import corpora
+from train.tasks import get_task
 
 # The packings a token store is read with (windows of batch_size rows).
 _STORE_PACKINGS = ("stream", "segments")

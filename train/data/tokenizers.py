@@ -5,7 +5,7 @@ store, its worker processes, the tools that read a trained run, and a pretrained
     'byte'           (unused)                               ByteTokenizer
     'sentencepiece'  the model file (`spm_<V>.model` of a   SentencePieceTokenizer, trained on
                      run, `tokenizer.model` of a store)     `train_texts` where the file is missing
-    'pretrained'     a pretrained source or its snapshot    the model's own (`train.sources`):
+    'pretrained'     a pretrained source or its snapshot    the model's own (`train.formats.sources`):
                      (a Hugging Face directory, a GGUF      `tokenizer.json`, the GGUF file's
                      file, a run)                           `tokenizer.ggml.*`, or the run's own
 
@@ -22,10 +22,10 @@ import os
 import pathlib
 from collections.abc import Sequence
 
-from train import sources
+from train.core.rundir import RunDir
 from train.data.hf_tokenizer import PretrainedTokenizer
 from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
-from train.run.rundir import RunDir
+from train.formats import sources
 
 
 def open_tokenizer(
@@ -79,7 +79,7 @@ def open_tokenizer(
 
 def source_tokenizer(source: sources.Source) -> Tokenizer:
     """A pretrained source's tokenizer: a Hugging Face `tokenizer.json` or the one a GGUF
-    file describes (`train.sources.gguf_tokenizer`), with the model's added pad id; or the
+    file describes (`train.formats.sources.gguf_tokenizer`), with the model's added pad id; or the
     tokenizer a run trained with."""
     if isinstance(source, sources.RunSource):
         return open_tokenizer(source.tokenizer, source.vocab_size, source.tokenizer_path())

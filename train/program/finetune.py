@@ -1,7 +1,7 @@
 """Fine-tuning recipes: which parameters train, at what rate (`--config.freeze`,
 `--config.pretrained_lr_scale`, LoRA through `--config.model.lora_rank`).
 
-Every parameter gets one label (`param_labels`), and `train.program.optim.make_optimizer`
+Every parameter gets one label (`param_labels`), and `train.formats.optimizers.make_optimizer`
 gives each label its optax transformation with `optax.multi_transform`:
 
     'train'       new parameters (LoRA adapters): the full learning rate

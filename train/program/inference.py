@@ -21,9 +21,9 @@ import numpy as np
 
 from flax_transformer import Beam, Greedy, Sample, generate_text, generate_translation
 from train.config.sections import DecodeOptions, EvalConfig
+from train.core import distributed
 from train.data.batching import default_bucket_lengths
 from train.data.tokenizer import Tokenizer
-from train.run import distributed
 
 
 def cut_at_eos(ids: np.ndarray, eos_id: int) -> list[int]:

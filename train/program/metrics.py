@@ -10,7 +10,7 @@ a bad state can be checkpointed.
 
 Every record is one JSON line `{"step": s, "split": "train" | "valid" | "bleu", ...,
 "wall_s": t}` in the run directory's metrics file; the same scalars go to its TensorBoard
-folder as `<split>/<name>` (`train.run.rundir` names both). `wall_s` (`RunClock`) is the
+folder as `<split>/<name>` (`train.core.rundir` names both). `wall_s` (`RunClock`) is the
 seconds since the command started, start-up and compilation included, so time to quality
 reads off any run; TensorBoard gets it as `<split>/wall_s` and as each event's wall time
 (its "relative" axis is then the same clock, across resumes too).
@@ -30,8 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from train.run.failures import RunFailure
-from train.run.rundir import RunDir, atomic_savefig, atomic_write_text
+from train.core.failures import RunFailure
+from train.core.rundir import RunDir, atomic_savefig, atomic_write_text
 
 # The metrics a step returns as sums over its tokens (`train.program.steps`).
 SUM_KEYS = ("loss", "nll", "correct", "tokens")
@@ -382,7 +382,7 @@ def _score_line(name: str, scores: dict) -> str:
 
 def format_target(target: dict) -> str:
     """The report's line on `--config.target_valid_loss` / `--config.target_bleu`
-    (`train.train_lib`'s `results['target']`)."""
+    (`train.program.loop`'s `results['target']`)."""
     asked = " and ".join(
         f"{name} {target[key]:g}"
         for key, name in (("valid_loss", "validation loss <="), ("bleu", "BLEU >="))
@@ -441,7 +441,7 @@ def format_report(results: dict) -> str:
 
 def _conversations_line(sizes: dict) -> str:
     """A chat run's conversations kept, cut and dropped, and its tokens trained (the data
-    sizes of `train.data.chat_examples.ChatCounts`)."""
+    sizes of `train.data.chat.examples.ChatCounts`)."""
     parts = []
     for split in ("train", "valid"):
         dropped = sum(n for k, n in sizes.items() if k.startswith(f"{split}_dropped_"))

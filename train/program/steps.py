@@ -26,7 +26,7 @@ from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.tokenizer import UNK_ID
 
 if TYPE_CHECKING:
-    from train.program.tasks import Task
+    from train.tasks import Task
 
 
 @flax.struct.dataclass
@@ -48,7 +48,7 @@ class TrainState:
 
 def state_params(state: TrainState) -> Any:
     """The state's own parameters: what every optimizer but schedule-free AdamW evaluates
-    (`train.program.optim.evaluation_params`)."""
+    (`train.formats.optimizers.evaluation_params`)."""
     return state.params
 
 
@@ -340,7 +340,7 @@ def jit_steps(
     Args:
         state: the TrainState, or its `train_state_shapes` (only its shardings are read).
         share: the rows of each global batch that this process's numpy batches hold
-            (`train.run.distributed.batch_row_share`); all of them in a single process.
+            (`train.core.distributed.batch_row_share`); all of them in a single process.
         label_smoothing, rng_impl, target_token_dropout, unk_id, learning_rate,
             drop_pad_logit, frozen: as in `train_step`.
 

@@ -1,11 +1,11 @@
-"""The weights of a pretrained source (`train.sources`), read and placed for a run of
+"""The weights of a pretrained source (`train.formats.sources`), read and placed for a run of
 `--config.init_from`.
 
 - a Hugging Face directory: `model.safetensors` or its shards (`model.safetensors.index.json`),
   read tensor by tensor with plain file reads and handed to the library's per-layer
   importers (`flax_transformer.interop.gpt2`, `llama`) as if they were a torch module;
 - a GGUF file: each tensor read the same way and dequantized under its Hugging Face name
-  (`train.sources.gguf.GGUFSource.read_tensor`), through the same Llama importer;
+  (`train.formats.sources.gguf.GGUFSource.read_tensor`), through the same Llama importer;
 - a `train.main` run: its newest parameters (`train.tools.trained.load_trained`), LoRA
   adapters merged.
 Each finished parameter is placed at once with the run's sharding
@@ -31,9 +31,9 @@ from flax import traverse_util
 
 from flax_transformer import DecoderOnlyTransformer, TransformerConfig, merge_lora
 from flax_transformer.interop import gpt2, llama
-from train import sources
-from train.sources.gguf import GGUFSource
-from train.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
+from train.formats import sources
+from train.formats.sources.gguf import GGUFSource
+from train.formats.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
 from train.tools.trained import load_trained
 
 # safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes, a jax dependency).

@@ -30,8 +30,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from flax_transformer import sinusoidal_positions  # noqa: E402
 from flax_transformer.functional.positions import DEFAULT_BASE  # noqa: E402
-from train.program.tasks import task_of  # noqa: E402
-from train.run.rundir import atomic_savefig  # noqa: E402
+from train.core.rundir import atomic_savefig  # noqa: E402
+from train.tasks import task_of  # noqa: E402
 from train.tools.attention_recording import (  # noqa: E402
     ATTENTION_KINDS,
     attention_maps,

@@ -22,7 +22,7 @@ import numpy as np
 from flax import linen as nn
 
 from flax_transformer.checks.generation import unbox_params
-from train.program.tasks import task_of
+from train.tasks import task_of
 
 # (queries side, keys side, label) of each attention kind `attention_record` returns.
 ATTENTION_KINDS = {

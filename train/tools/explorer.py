@@ -39,8 +39,8 @@ from flax import linen as nn
 from flax_transformer import sinusoidal_positions
 from flax_transformer.functional.attention import MASK_VALUE
 from flax_transformer.functional.positions import DEFAULT_BASE
-from train.program.tasks import task_of
-from train.run.rundir import atomic_write_text
+from train.core.rundir import atomic_write_text
+from train.tasks import task_of
 from train.tools.attention_recording import (
     ATTENTION_KINDS,
     attention_record,

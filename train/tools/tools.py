@@ -2,7 +2,7 @@
 train.visualize): reading its config and checkpoint, and decoding options with the
 program's flags checked as a training run checks its config.
 
-Each ends the process with one line (`train.cli.die`) on a mistake: a usage error (no run
+Each ends the process with one line (`train.core.cli.die`) on a mistake: a usage error (no run
 directory, a value out of range, a run of another task) exits with status 2, a run failure
 (damaged config.json or checkpoints) with status 1. A tool reads the run's config first
 (`read_experiment`), checks its flags against it (`decode_options`), and only then restores
@@ -16,11 +16,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from train.cli import die
 from train.config import config_lib
 from train.config.sections import DecodeOptionError, DecodeOptions, Experiment
-from train.program.tasks import get_task
-from train.run.failures import RUN_ERROR, RunFailure
+from train.core.cli import die
+from train.core.failures import RUN_ERROR, RunFailure
+from train.tasks import get_task
 from train.tools.trained import TrainedModel, load_trained
 
 

@@ -17,12 +17,12 @@ from flax import linen as nn
 
 from train.config import config_lib
 from train.config.sections import Experiment
+from train.core.rundir import RunDir
 from train.data.tokenizer import Tokenizer
 from train.data.tokenizers import run_tokenizer
-from train.program import optim
-from train.program.tasks import get_task
-from train.run.checkpoint import Checkpointer
-from train.run.rundir import RunDir
+from train.formats import optimizers as optim
+from train.program.checkpoint import Checkpointer
+from train.tasks import get_task
 
 
 class TrainedModel(NamedTuple):

@@ -1,0 +1,358 @@
+"""Conversations as token ids and a loss mask: the model's chat template
+(`train.data.chat.template`), the model's tokenizer, and which tokens are trained.
+
+A conversation is rendered to text by its template once and tokenized once as a whole, with
+no special token added beyond what the template writes (a template that writes
+`{{ bos_token }}` gets one BOS; none is prepended), so the ids are the ones transformers'
+`apply_chat_template(tokenize=True)` gives.
+
+**The mask** (`ChatExample.mask[t]`: token t is a target of the loss; the caller shifts it
+with the ids) follows `train_on`:
+
+    'assistant'  every assistant turn: its content and the end of its turn (default)
+    'last'       the last assistant turn only
+    'all'        every token
+
+An assistant turn is found in one of two ways:
+- the template's `{% generation %}` blocks, where it has them: every token overlapping a
+  block's characters is trained (transformers' `return_assistant_tokens_mask`, exactly);
+- else by rendering prefixes: for the assistant message k, messages[:k] with the generation
+  prompt (P) and messages[:k+1] (F); the ids of P and of F must each be a prefix of the whole
+  conversation's ids (a template or a BPE merge across the turn's edges that breaks this is
+  refused, naming the turn), and the turn is the tokens between them. For ChatML that is
+  `content<|im_end|>\\n`; for Llama 3 `content<|eot_id|>`: the content, the end-of-turn token,
+  and the separator the template writes after it up to the next turn. This is what TRL's
+  training templates wrap in `{% generation %}` for assistant-only loss (qwen2_5, lfm2, gemma:
+  content and `<|im_end|>\\n` / `<end_of_turn>\\n`; llama3: content and `<|eot_id|>`): the
+  model learns to write the end of turn and stop there; the separator after it is never
+  sampled (sampling stops at the end of turn) and costs nothing to learn.
+
+**The end of turn** is the first special token the template writes after an assistant's
+content (found once, by rendering a probe conversation): `<|im_end|>` for ChatML,
+`<|eot_id|>` for Llama 3, `<end_of_turn>` for Gemma, the EOS for Mistral; where the template
+writes none, the EOS. Sampling stops at it or at the EOS (`ChatEncoder.stop_ids`).
+
+**Refused** (`ChatError`, a ValueError naming the conversation, the message and the fix): a
+message that is not `{role, content}` with a known role and string content; a template that
+fails on the conversation; a double BOS at the start; prefixes that are not token prefixes; a
+mask that trains fewer end-of-turn tokens than it trains assistant turns (a template whose
+`{% generation %}` block leaves `<|eot_id|>` out: the model would never learn to stop).
+**Dropped** (`ChatExample.drop_reason`, for the caller to count): a conversation with nothing
+to train (no assistant message), and one whose text holds a control token the template
+writes (a literal '<|im_end|>' in a message would be read as the end of a turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import jinja2
+import numpy as np
+
+from train.data.chat.template import ChatTemplate
+from train.formats.corpora.conversations import TRAIN_ON, ChatError, check_messages
+
+# The reply of the conversations that find a template's end-of-turn token: plain letters,
+# which no template trims or escapes.
+_PROBE_REPLY = "Zqx7probeReplyZqx7"
+_PROBES = (
+    ({"role": "user", "content": "Hi"}, {"role": "assistant", "content": _PROBE_REPLY}),
+    (
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": _PROBE_REPLY},
+    ),
+)
+
+
+class ChatTokenizer(Protocol):
+    """What a chat needs of a tokenizer (`train.data.hf_tokenizer.PretrainedTokenizer`)."""
+
+    bos_id: int
+    eos_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
+
+    @property
+    def added_tokens(self) -> Mapping[str, int]: ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]: ...
+
+    def id_to_piece(self, token_id: int) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ChatExample:
+    """One conversation as ids and a loss mask.
+
+    Attributes:
+        ids: (T,) int32, the whole conversation (empty where dropped).
+        mask: (T,) bool, True where the token is a target of the loss.
+        drop_reason: why the conversation should not be trained on (None: keep it).
+    """
+
+    ids: np.ndarray
+    mask: np.ndarray
+    drop_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def num_trained(self) -> int:
+        return int(self.mask.sum())
+
+    @classmethod
+    def dropped(cls, reason: str) -> ChatExample:
+        return cls(np.zeros((0,), np.int32), np.zeros((0,), bool), reason)
+
+
+class ChatEncoder:
+    """Renders, tokenizes and masks conversations for one template and tokenizer.
+
+    Attributes:
+        template: the chat template.
+        tokenizer: the model's tokenizer.
+        train_on: 'assistant', 'last' or 'all' (see the module docstring).
+        end_of_turn_ids: the end-of-turn token(s) (one id).
+    """
+
+    def __init__(
+        self, template: ChatTemplate, tokenizer: ChatTokenizer, train_on: str = "assistant"
+    ):
+        """Checks `train_on` and finds the template's end-of-turn token.
+
+        Raises:
+            ValueError: an unknown `train_on`.
+        """
+        if train_on not in TRAIN_ON:
+            raise ValueError(f"--config.train_on={train_on!r}: must be one of {TRAIN_ON}.")
+        self.template, self.tokenizer, self.train_on = template, tokenizer, train_on
+        self.uses_generation_blocks = template.has_generation_blocks
+        literal = template.literal_text()
+        named = set(template.special_tokens.values())
+        self._bos_ids = {tokenizer.bos_id} | {
+            tokenizer.added_tokens[t]
+            for t in [template.special_tokens.get("bos_token")]
+            if t in tokenizer.added_tokens
+        }
+        # The special tokens the template writes: found in a message, they would end or
+        # open turns. (Plain added tokens, as Qwen's '<think>', belong in messages.)
+        specials = tokenizer.special_token_ids
+        control = [
+            t
+            for t, i in tokenizer.added_tokens.items()
+            if i in specials and t.strip() and (t in literal or t in named)
+        ]
+        control.sort(key=len, reverse=True)
+        self._control = re.compile("|".join(map(re.escape, control))) if control else None
+        self.end_of_turn_ids, self._after_reply = self._find_end_of_turn()
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The ids sampling stops at: the end of turn, and the EOS."""
+        return tuple(dict.fromkeys((*self.end_of_turn_ids, self.tokenizer.eos_id)))
+
+    def _find_end_of_turn(self) -> tuple[tuple[int, ...], str | None]:
+        """The first special token written after an assistant's content (the EOS where
+        none is), and the text written after the probe's reply (for errors)."""
+        after = None
+        for probe in _PROBES:
+            try:
+                text = self.template.render(probe).text
+            except jinja2.TemplateError:
+                continue
+            at = text.rfind(_PROBE_REPLY)
+            if at < 0:
+                continue
+            after = text[at + len(_PROBE_REPLY) :]
+            specials = self.tokenizer.special_token_ids
+            for token_id in self.tokenizer.encode(after):
+                if token_id in specials:
+                    return (token_id,), after
+            break
+        return (self.tokenizer.eos_id,), after
+
+    def _render(self, messages, where: str, add_generation_prompt=False):
+        try:
+            return self.template.render(messages, add_generation_prompt=add_generation_prompt)
+        except jinja2.TemplateError as err:
+            raise ChatError(
+                f"{where}: {self.template.where} refused the conversation ({err}); fix the "
+                "conversation, or give a template that takes it (--config.chat_template=FILE)."
+            ) from None
+
+    def _check_bos(self, ids: Sequence[int], where: str) -> None:
+        if len(ids) >= 2 and ids[0] in self._bos_ids and ids[1] in self._bos_ids:
+            pieces = self.tokenizer.id_to_piece(ids[0]) + self.tokenizer.id_to_piece(ids[1])
+            raise ChatError(
+                f"{where}: the rendered conversation starts with two BOS tokens "
+                f"({pieces!r}): {self.template.where} "
+                "writes the BOS twice; remove one {{ bos_token }} (--config.chat_template=FILE)."
+            )
+
+    def prompt_ids(self, messages: Any, *, where: str = "the prompt") -> list[int]:
+        """The ids of `messages` followed by the template's generation prompt: what the
+        model continues to reply (`train.sample --chat`).
+
+        Raises:
+            ChatError: as `check_messages`, a template that fails, a double BOS.
+        """
+        messages = check_messages(messages, where)
+        ids = self.tokenizer.encode(self._render(messages, where, True).text)
+        self._check_bos(ids, where)
+        return ids
+
+    def _control_token(self, messages: Sequence[Mapping[str, str]]) -> str | None:
+        """Why checked `messages` cannot be trained on as they are, or None: a control token
+        the template writes found in a message."""
+        if self._control is None:
+            return None
+        for i, message in enumerate(messages):
+            found = self._control.search(message["content"])
+            if found:
+                return (
+                    f"messages[{i}] ({message['role']}) holds the control token "
+                    f"{found.group()!r}, which would be read as the template's own"
+                )
+        return None
+
+    def encode(self, messages: Any, *, where: str = "the conversation") -> ChatExample:
+        """The ids and loss mask of one conversation (see the module docstring).
+
+        Args:
+            messages: a list of `{role, content}` dicts.
+            where: the conversation as errors name it ('train.jsonl:17').
+
+        Returns:
+            A `ChatExample`; its `drop_reason` is set (and it holds no ids) where the
+            conversation has nothing to train or holds a control token.
+
+        Raises:
+            ChatError: see the module docstring.
+        """
+        messages = check_messages(messages, where)
+        reason = self._control_token(messages)
+        if reason:
+            return ChatExample.dropped(reason)
+        whole = self._render(messages, where)
+        ids, offsets = self.tokenizer.encode_with_offsets(whole.text)
+        self._check_bos(ids, where)
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        turns = assistant[-1:] if self.train_on == "last" else assistant
+        if self.train_on == "all":
+            mask = np.ones(len(ids), bool)
+        elif self.uses_generation_blocks:
+            mask = self._mask_from_blocks(messages, whole, offsets, turns, where)
+        else:
+            mask = self._mask_from_prefixes(messages, whole.text, ids, turns, where)
+        ids = np.asarray(ids, np.int32)
+        trained_ends = int(np.isin(ids[mask], self.end_of_turn_ids).sum())
+        if trained_ends < len(turns):
+            raise ChatError(self._no_end_of_turn(where, f"{len(turns)} assistant turn(s)"))
+        if not mask.any():
+            return ChatExample.dropped(
+                "no assistant message to train on"
+                if not turns
+                else "the template marks no token of the assistant's turns"
+            )
+        return ChatExample(ids, mask)
+
+    def _no_end_of_turn(self, where: str, what: str) -> str:
+        eot = self.tokenizer.id_to_piece(self.end_of_turn_ids[0])
+        if self._after_reply is not None and not (
+            set(self.tokenizer.encode(self._after_reply)) & set(self.end_of_turn_ids)
+        ):
+            fix = (
+                f"the template writes {self._after_reply!r} after the assistant's content and "
+                "no end-of-turn token, so the model would never learn to stop; write "
+                "{{ eos_token }} after it (--config.chat_template=FILE)"
+            )
+        else:
+            fix = (
+                f"its {{% generation %}} blocks leave the end of turn {eot!r} out, so the model "
+                "would never learn to stop; move it inside the block (--config.chat_template="
+                "FILE)"
+            )
+        return (
+            f"{where}: the loss mask (train_on={self.train_on!r}) leaves the end of turn out "
+            f"of {what}: {fix}."
+        )
+
+    def _mask_from_blocks(self, messages, whole, offsets, turns, where) -> np.ndarray:
+        """Tokens overlapping the `{% generation %}` spans (for 'last': those of the last
+        assistant message)."""
+        spans = whole.generation_spans
+        if self.train_on == "last" and turns:
+            start = len(self._prefix_text(messages, turns[-1], whole.text, where))
+            spans = [s for s in spans if s[1] > start]
+        if not spans or not offsets:
+            return np.zeros(len(offsets), bool)
+        chars_T2, spans_S2 = np.asarray(offsets), np.asarray(spans)
+        overlap_TS = (chars_T2[:, :1] < spans_S2[None, :, 1]) & (
+            chars_T2[:, 1:] > spans_S2[None, :, 0]
+        )
+        return overlap_TS.any(axis=1)
+
+    def _prefix_text(self, messages, k: int, whole: str, where: str) -> str:
+        """The text of messages[:k] with the generation prompt, checked to begin `whole`."""
+        text = self._render(messages[:k], where, add_generation_prompt=True).text
+        if not whole.startswith(text):
+            raise ChatError(
+                f"{where}: {self.template.where} writes messages[:{k}] with the generation "
+                f"prompt differently from how it begins the whole conversation, so the "
+                f"assistant turn messages[{k}] cannot be told from its prompt; give a template "
+                "with {% generation %} blocks (--config.chat_template=FILE) or use "
+                "--config.train_on='all'."
+            )
+        return text
+
+    def _mask_from_prefixes(self, messages, whole, ids, turns, where) -> np.ndarray:
+        """The tokens of each assistant turn k: between the ids of messages[:k] with the
+        generation prompt and those of messages[:k+1], both checked to be prefixes."""
+        mask = np.zeros(len(ids), bool)
+        for k in turns:
+            begin = self._token_prefix(self._prefix_text(messages, k, whole, where), ids, k, where)
+            if k + 1 == len(messages):
+                end = len(ids)
+            else:
+                text = self._render(messages[: k + 1], where).text
+                if not whole.startswith(text):
+                    raise ChatError(
+                        f"{where}: {self.template.where} writes messages[:{k + 1}] differently "
+                        f"from how it begins the whole conversation, so the end of the "
+                        f"assistant turn messages[{k}] is not known; give a template with "
+                        "{% generation %} blocks (--config.chat_template=FILE) or use "
+                        "--config.train_on='all'."
+                    )
+                end = self._token_prefix(text, ids, k, where)
+            if not set(ids[begin:end]) & set(self.end_of_turn_ids):
+                raise ChatError(self._no_end_of_turn(where, f"the assistant turn messages[{k}]"))
+            mask[begin:end] = True
+        return mask
+
+    def _token_prefix(self, text: str, ids: Sequence[int], k: int, where: str) -> int:
+        """The number of tokens of `text`, checked to begin `ids`."""
+        prefix = self.tokenizer.encode(text)
+        if list(ids[: len(prefix)]) == prefix:
+            return len(prefix)
+        at = next(
+            (j for j, (a, b) in enumerate(zip(prefix, ids, strict=False)) if a != b),
+            min(len(prefix), len(ids)),
+        )
+        alone = self.tokenizer.id_to_piece(prefix[at]) if at < len(prefix) else "(end)"
+        inside = self.tokenizer.id_to_piece(ids[at]) if at < len(ids) else "(end)"
+        raise ChatError(
+            f"{where}: at an edge of the assistant turn messages[{k}], the text up to the edge "
+            f"does not tokenize as the start of the whole conversation (token {at}: {alone!r} "
+            f"alone, {inside!r} in the whole): a BPE merge across the turn's edge. Trim the "
+            f"whitespace at the edge of messages[{k}], give a template with {{% generation %}} "
+            "blocks (--config.chat_template=FILE), or use --config.train_on='all'."
+        )
