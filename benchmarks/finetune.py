@@ -93,7 +93,7 @@ def _export_gap(workdir, out) -> float:
     import transformers
 
     from train.export import export_run
-    from train.tools.trained import load_trained
+    from train.program.trained import load_trained
 
     export_run(workdir, out)
     trained = load_trained(workdir)

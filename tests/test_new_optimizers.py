@@ -11,10 +11,10 @@ from train_helpers import tiny_config, write_tiny_tsv
 from train.config import config_lib
 from train.config.sections import DataConfig
 from train.core.rundir import RunDir
-from train.program import inference, metrics
 from train.program import loop as train_lib
 from train.program.checkpoint import Checkpointer
-from train.tools.trained import load_trained
+from train.program.trained import load_trained
+from train.tasks import inference, metrics
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning"

@@ -17,7 +17,7 @@ from train_helpers import tiny_config
 from train import sample, translate
 from train.config import config_lib
 from train.config.sections import DecodeOptions
-from train.tools.trained import load_trained
+from train.program.trained import load_trained
 
 REPO = pathlib.Path(__file__).parent.parent
 OLD_RUNS = pathlib.Path(__file__).parent / "data" / "old_runs"

@@ -20,7 +20,7 @@ from train.core.failures import RUN_ERROR, USAGE_ERROR, CheckpointError, RunFail
 from train.core.rundir import RunDir
 from train.program import loop as train_lib
 from train.program import metrics
-from train.tools.trained import load_trained
+from train.program.trained import load_trained
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -23,6 +23,7 @@ from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer
 from train.data.tokenizers import open_tokenizer
 from train.formats.corpora import bibles, corpus, splits
 from train.formats.corpora import files as text_files
+from train.tasks import get_task
 
 # A lossless vocabulary for these documents: 260 special and byte pieces, then characters
 # and pieces of the filler text (SentencePiece refuses more than the corpus offers).
@@ -356,7 +357,7 @@ def test_the_shipped_kjv_is_the_same_verbatim_and_collapsed():
 
 
 def test_the_fingerprint_tells_apart_documents_that_differ_in_line_breaks():
-    task = in_memory.get_task("lm")
+    task = get_task("lm")
 
     def digest(train):
         return in_memory.data_fingerprint(task, train, ["v"])["sha256"]

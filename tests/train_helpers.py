@@ -11,6 +11,7 @@ from train.config.sections import DataConfig
 from train.data import dataset, in_memory
 from train.data.tokenizer import model_vocab_size
 from train.data.tokenizers import Vocabulary, vocabulary
+from train.tasks import get_task
 
 # A learnable toy translation: the source words reversed and upper-cased.
 WORDS = ("ab", "cd", "ef", "gh", "ij", "kl", "mn", "op")
@@ -81,7 +82,8 @@ def tiny_config(corpus_path: pathlib.Path, **overrides) -> ml_collections.Config
 def dataset_of(config: ml_collections.ConfigDict, run, **options) -> dataset.Dataset:
     """`in_memory.build_dataset` as the program calls it: the config's data section and
     seed (`options`: num_devices, share, make_tokenizer)."""
-    return in_memory.build_dataset(DataConfig.from_config(config), run, seed=config.seed, **options)
+    data = DataConfig.from_config(config)
+    return in_memory.build_dataset(data, run, task=get_task(data.task), seed=config.seed, **options)
 
 
 def random_pairs(n: int, max_len: int, seed: int = 0) -> list:

@@ -60,14 +60,14 @@ def export_run(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.
         ValueError: the run is not a language model, or its model has an option the
             family's layout cannot hold (named).
     """
-    from train.tools.trained import load_trained
+    from train.program.trained import load_trained
 
     trained = load_trained(workdir)
     return write_trained(trained, workdir, out)
 
 
 def write_trained(trained, workdir, out) -> pathlib.Path:
-    """`export_run` of an already loaded run (`train.tools.trained.TrainedModel`)."""
+    """`export_run` of an already loaded run (`train.program.trained.TrainedModel`)."""
     if trained.experiment.data.task != "lm":
         raise ValueError(
             f"{workdir} trained task={trained.experiment.data.task!r}; train.export writes "
@@ -137,7 +137,7 @@ def export_adapters(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pat
     """
     from safetensors.numpy import save_file
 
-    from train.tools.trained import load_trained
+    from train.program.trained import load_trained
 
     trained = load_trained(workdir)
     config, params = trained.model.config, trained.params

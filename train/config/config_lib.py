@@ -20,6 +20,7 @@ from typing import Any
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train.config import freeze
 from train.config.sections import (
     CORPORA,
     PACKINGS,
@@ -32,12 +33,11 @@ from train.config.sections import (
     StepConfig,
     fail,
 )
+from train.config.tasks import owners, registered_tasks, task_facts
 from train.core.failures import DamagedFileError, model_field_error
 from train.core.rundir import RunDir, read_json
-from train.data.tokenizer import PAD_ID, model_vocab_size
+from train.core.special_ids import PAD_ID, model_vocab_size
 from train.formats import sources
-from train.program import finetune
-from train.tasks import TASKS, owners
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -94,7 +94,7 @@ def validate_config(
         model = model_config(config, model_vocab_size(data.tokenizer, data.vocab_size))
     optimizer = OptimizerConfig.from_config(config)
     if optimizer.freeze or optimizer.pretrained_lr_scale != 1.0:
-        finetune.check_freeze(optimizer, model, bool(data.init_from))
+        freeze.check_freeze(optimizer, model, bool(data.init_from))
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
     schedule = ScheduleConfig.from_config(config, optimizer, run)
     if optimizer.optimizer == "schedule_free_adamw":
@@ -147,8 +147,8 @@ def _pretrained_model(
 ) -> TransformerConfig:
     """The model of `--config.init_from`'s source with the run's own model choices
     (`merge_model_config`), checked against the data fields."""
-    if not TASKS[data.task].fine_tunes:
-        tasks = tuple(name for name, task in TASKS.items() if task.fine_tunes)
+    if not task_facts(data.task).fine_tunes:
+        tasks = tuple(name for name, task in registered_tasks().items() if task.fine_tunes)
         raise fail("task", data.task, f"init_from starts a decoder-only model: use one of {tasks}")
     source = sources.open_source(data.init_from, workdir)
     model = merge_model_config(source.config_origin, source_model(source), dict(config.model))
@@ -222,9 +222,10 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     It runs before the data section is made, as these were the first checks of a field; a
     corpus or packing that no task knows is left to the section, which names the choices.
     """
-    if config.task not in TASKS:
-        raise fail("task", config.task, f"must be one of {tuple(TASKS)}")
-    task = TASKS[config.task]
+    tasks = registered_tasks()
+    if config.task not in tasks:
+        raise fail("task", config.task, f"must be one of {tuple(tasks)}")
+    task = tasks[config.task]
     if config.corpus in CORPORA and config.corpus not in task.corpora:
         raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
     if config.packing in PACKINGS and config.packing not in task.packings:
@@ -239,7 +240,7 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
             "Instruct model): --config.init_from=smollm2, a Hugging Face directory or a GGUF "
             "file, with --config.tokenizer=pretrained",
         )
-    others = {f for other in TASKS.values() for f in other.own_fields} - set(task.own_fields)
+    others = {f for other in tasks.values() for f in other.own_fields} - set(task.own_fields)
     for field in sorted(others):
         if config[field]:
             raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
@@ -248,7 +249,7 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
 def _check_hf_fields(data: DataConfig) -> None:
     """A Hugging Face row gives as many fields as the task's examples hold (checked once the
     section has named a missing dataset)."""
-    task = TASKS[data.task]
+    task = task_facts(data.task)
     if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
         raise fail(
             "hf_fields",

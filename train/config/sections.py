@@ -23,7 +23,7 @@ function of the program receives the section it reads, never the whole config.
 
 The sections are data: what is built from them lives in `train/program/` (the schedule and
 the optax optimizer in `train.formats.optimizers`, the decoding strategies in
-`train.program.inference`).
+`train.tasks.inference`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import ml_collections
 
 from flax_transformer import TransformerConfig
+from train.config.tasks import registered_tasks, task_facts
 from train.formats import corpora
 from train.formats.corpora.conversations import TRAIN_ON
 from train.formats.corpora.files import TEXT_DOCUMENTS
@@ -48,9 +49,6 @@ SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
-# The tasks a token store feeds (`--config.store_dir`): documents, and conversations with
-# their loss mask (train.data.chat.store).
-STORE_TASKS = ("lm", "chat")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
 LOSSLESS_SPM_MIN_VOCAB = 4 + 256
@@ -170,10 +168,6 @@ class DataConfig(_ReadByName):
     chat_template: str = ""
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
-    # The tasks whose documents are kept verbatim when collapse_whitespace is None: a
-    # language model learns the text as given; translation collapses whitespace, as its
-    # shipped corpora and scores were made (the default run's BLEU stays as it was).
-    VERBATIM_TASKS: ClassVar[tuple[str, ...]] = ("lm",)
     # Where the data is and how it is read: a resumed run may change them (the store's own
     # content fingerprint, not its path, tells whether the data is the same).
     STORE: ClassVar[tuple[str, ...]] = (
@@ -198,9 +192,11 @@ class DataConfig(_ReadByName):
     @property
     def collapses_whitespace(self) -> bool:
         """Whether each document's whitespace runs are collapsed to one space:
-        `collapse_whitespace`, or where it is None the task's default (`VERBATIM_TASKS`)."""
+        `collapse_whitespace`, or where it is None the task's default (`TaskFacts.verbatim`:
+        a language model learns the text as given; translation collapses whitespace, as its
+        shipped corpora and scores were made)."""
         if self.collapse_whitespace is None:
-            return self.task not in self.VERBATIM_TASKS
+            return not task_facts(self.task).verbatim
         return self.collapse_whitespace
 
     @property
@@ -280,15 +276,17 @@ class DataConfig(_ReadByName):
     def _check_store(self) -> None:
         """A token store holds one-sided documents read as max_len windows, or (task 'chat')
         conversations with their loss mask, packed whole into rows with segment ids."""
-        if self.task not in STORE_TASKS:
+        task = task_facts(self.task)
+        if not task.reads_stores:
+            feeds = tuple(n for n, facts in registered_tasks().items() if facts.reads_stores)
             raise fail(
                 "store_dir",
                 self.store_dir,
-                "a token store feeds task='lm' (documents' token ids) or task='chat' "
-                "(conversations with their loss mask), not a translation's pairs ; set "
+                f"a token store feeds task= one of {feeds} (documents' token ids, or "
+                f"conversations with their loss mask), not task={self.task!r} ; set "
                 "--config.store_dir='' to read the corpus in memory",
             )
-        if self.task == "chat":  # any chat corpus: the store reads it as the run would
+        if task.conversations:  # any chat corpus: the store reads it as the run would
             if self.packing != "segments":
                 raise fail(
                     "packing",
@@ -581,7 +579,7 @@ class DecodeOptions:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """Validation, BLEU and the samples of the final report (`train.tasks`,
-    `train.program.inference`).
+    `train.tasks.inference`).
 
     Attributes:
         num_eval_batches: validation batches per evaluation; 0 = all.

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from train.data.batching import RowShare
+from train.core.batch_rows import RowShare, rows_per_batch
 
 # Environment variables read when the flags are not given (JAX itself reads
 # JAX_COORDINATOR_ADDRESS; the process count and index it only detects on managed clusters
@@ -120,15 +120,13 @@ def auto_cpu_devices(config, cores: int) -> int:
     `tokens_per_batch`), where `mesh_shape` names sizes other than data = -1, or where
     several processes share the run (each is given its devices by its launcher).
     """
-    from train.data import batching  # numpy only: no JAX backend starts here
-
     mesh = tuple(config.mesh_shape)
     if mesh[:1] != (-1,) or any(size != 1 for size in mesh[1:]):
         return 1
     if config.batch_size > 0:
         rows = config.batch_size
     elif config.packing in ("stream", "segments"):
-        (rows,) = batching.rows_per_batch([config.max_len], None, config.tokens_per_batch, 1)
+        (rows,) = rows_per_batch([config.max_len], None, config.tokens_per_batch, 1)
     else:
         return 1
     most = max(min(cores, AUTO_MAX_CPU_DEVICES), 1)

@@ -1,18 +1,40 @@
-"""What the training loop gets from the data (`Dataset`), whichever path made it, and a
-process's part in making it (`Processes`)."""
+"""What the training loop gets from the data (`Dataset`), whichever path made it, a
+process's part in making it (`Processes`), and what the data needs of a task (`ExampleTask`).
+
+The data pipelines are handed the run's task as a value (`train.tasks.get_task`, called by
+the program) and never import the tasks: `ExampleTask` says which of its members they use."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
-from train.data.tokenizer import Tokenizer
+from train.data.tokenizer import SpecialIds, Tokenizer
 
-if TYPE_CHECKING:
-    from train.tasks import Task
+
+class ExampleTask(Protocol):
+    """The members of a task (`train.tasks.Task`) that the data pipelines call: what its
+    examples are made of, how they become ids, and the sides they fill in a batch."""
+
+    name: str
+    sides: tuple
+    file_corpus: str
+    stores_masks: bool
+
+    def fields(self, example) -> tuple: ...
+
+    def sentences(self, examples) -> list: ...
+
+    def encode_split(self, data, tokenizer: Tokenizer, source_dir, examples, split: str) -> Any: ...
+
+    def example_length(self, example) -> int: ...
+
+    def to_sides(self, example, specials: SpecialIds = ...) -> tuple: ...
+
+    def targets(self, examples) -> list: ...
 
 
 @dataclasses.dataclass
@@ -42,7 +64,7 @@ class Dataset:
             that step on; see `stream`.
     """
 
-    task: Task
+    task: ExampleTask
     tokenizer: Tokenizer
     eval_batches: list[dict[str, np.ndarray]]
     valid_examples: list

@@ -2,7 +2,7 @@
 
 The corpus and its split come from the corpus table (`train.formats.corpora`), the tokenizer
 from the one factory (`train.data.tokenizers`), what an example is made of from the run's
-`train.tasks` Task, and how examples become batches from the run's
+task (handed in as a value, `train.data.dataset.ExampleTask`), and how examples become batches from the run's
 `train.data.packing` packer; `build_dataset` wires them as the data section says and checks
 the ids that enter the program. The training batches are an `EpochStream`: every epoch
 reshuffled from (seed, epoch), resumable exactly.
@@ -23,13 +23,12 @@ from flax_transformer.checks.tokens import check_token_range
 from train.config.sections import DataConfig
 from train.core.rundir import RunDir
 from train.data.batching import WHOLE_BATCH, RowShare, filter_by_length
-from train.data.dataset import ONE_PROCESS, Dataset, Processes
+from train.data.dataset import ONE_PROCESS, Dataset, ExampleTask, Processes
 from train.data.epoch_stream import EpochStream
 from train.data.packing import Packer, get_packer
 from train.data.tokenizer import SpecialIds, Tokenizer
 from train.data.tokenizers import run_tokenizer
 from train.formats.corpora.splits import read_splits
-from train.tasks import Task, get_task
 
 # Below this many training examples (real ones, copies not counted) a run still works but
 # learns little that generalises, and its validation scores are noise: worth a warning.
@@ -85,7 +84,7 @@ class _Examples:
         }
 
 
-def data_fingerprint(task: Task, train: Sequence, valid: Sequence) -> dict[str, int | str]:
+def data_fingerprint(task: ExampleTask, train: Sequence, valid: Sequence) -> dict[str, int | str]:
     """Sizes and a SHA-256 of the train and validation texts, in order.
 
     The hash covers the examples themselves, not the file they came from, so a corpus edited
@@ -139,6 +138,7 @@ def build_dataset(
     data: DataConfig,
     run: RunDir,
     *,
+    task: ExampleTask,
     seed: int,
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
@@ -153,6 +153,7 @@ def build_dataset(
     Args:
         data: the data section (`train.config.sections.DataConfig`).
         run: the run directory (SentencePiece model cache).
+        task: the run's task (`train.tasks.get_task(data.task)`).
         seed: the run's seed (which training targets are copied).
         num_devices: data-parallel devices; every batch's row count is a multiple of it.
         share: the rows of every batch this process builds (all of them for one process).
@@ -165,7 +166,7 @@ def build_dataset(
     Raises:
         ValueError: an empty split, or an id outside the vocabulary.
     """
-    task, packer = get_task(data.task), get_packer(data.packing)
+    packer = get_packer(data.packing)
     packer.check(data, num_devices, share)
     texts = _split(data, task)
     tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes)
@@ -206,7 +207,7 @@ def _shared_tokenizer(
     return tokenizer
 
 
-def _split(data: DataConfig, task: Task) -> _Examples:
+def _split(data: DataConfig, task: ExampleTask) -> _Examples:
     """The corpus's train, validation and test examples, as text (`read_splits`: held out
     by hash, or read from the user's own files).
 
@@ -224,7 +225,7 @@ def _split(data: DataConfig, task: Task) -> _Examples:
 
 
 def _tokenize(
-    data: DataConfig, run: RunDir, task: Task, tokenizer: Tokenizer, texts: _Examples
+    data: DataConfig, run: RunDir, task: ExampleTask, tokenizer: Tokenizer, texts: _Examples
 ) -> _Examples:
     """The examples as token ids (`Task.encode_split`: the examples a task drops, and the
     validation texts of those kept).
@@ -257,7 +258,7 @@ def _with_copies(share: float, seed: int, ids: _Examples) -> _Examples:
     return dataclasses.replace(ids, copies=copies)
 
 
-def _filter(max_len: int, task: Task, ids: _Examples) -> _Examples:
+def _filter(max_len: int, task: ExampleTask, ids: _Examples) -> _Examples:
     """The examples that fit `max_len`, the validation texts kept in step with theirs.
 
     Raises:
@@ -290,7 +291,7 @@ def _warn_if_few(train: list) -> None:
 
 def _batch(
     data: DataConfig,
-    task: Task,
+    task: ExampleTask,
     packer: Packer,
     ids: _Examples,
     num_devices: int,
@@ -311,7 +312,9 @@ def _batch(
     return build_epoch, eval_batches
 
 
-def _chars_per_label(task: Task, packer: Packer, ids: _Examples, specials: SpecialIds) -> float:
+def _chars_per_label(
+    task: ExampleTask, packer: Packer, ids: _Examples, specials: SpecialIds
+) -> float:
     """Characters of the validation texts (as read, nothing added) per validation label:
     every token of each example's labelled side but the first (its target ids and EOS, and
     the BOS where there is one), or in a stream every token but the stream's first.

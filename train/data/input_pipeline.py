@@ -19,12 +19,11 @@ from train.config.sections import DataConfig
 from train.core.rundir import RunDir, read_json
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.chat.rows import open_chat_store_dataset
-from train.data.dataset import ONE_PROCESS, Dataset, Processes
+from train.data.dataset import ONE_PROCESS, Dataset, ExampleTask, Processes
 from train.data.in_memory import build_dataset
 from train.data.store.store_pipeline import open_store_dataset
 from train.data.tokenizers import Vocabulary
 from train.formats import corpora
-from train.tasks import get_task
 
 # The packings a token store is read with (windows of batch_size rows).
 _STORE_PACKINGS = ("stream", "segments")
@@ -35,6 +34,7 @@ def open_dataset(
     run: RunDir,
     vocabulary: Vocabulary,
     *,
+    task: ExampleTask,
     seed: int,
     num_steps: int,
     num_devices: int = 1,
@@ -54,6 +54,7 @@ def open_dataset(
         run: the run directory.
         vocabulary: the run's ids, resolved from its config (`train.data.tokenizers.vocabulary`):
             what a token store is prepared for.
+        task: the run's task (`train.tasks.get_task(data.task)`), as a value.
         seed, num_steps: the run's seed and train steps.
         num_devices, share: data-parallel devices and this process's rows of every batch.
         max_eval_batches: validation batches kept from a store (0: all).
@@ -61,10 +62,11 @@ def open_dataset(
         resuming: the run resumes (a run that began in memory goes on in memory).
     """
     data = run_data_section(data, run, resuming)
-    if data.store_dir and get_task(data.task).stores_masks:
+    if data.store_dir and task.stores_masks:
         return open_chat_store_dataset(
             data,
             vocabulary,
+            task=task,
             seed=seed,
             num_steps=num_steps,
             num_devices=num_devices,
@@ -77,6 +79,7 @@ def open_dataset(
             data,
             vocabulary,
             run,
+            task=task,
             seed=seed,
             num_steps=num_steps,
             num_devices=num_devices,
@@ -85,7 +88,7 @@ def open_dataset(
             processes=processes,
         )
     return build_dataset(
-        data, run, seed=seed, num_devices=num_devices, share=share, processes=processes
+        data, run, task=task, seed=seed, num_devices=num_devices, share=share, processes=processes
     )
 
 

@@ -23,16 +23,19 @@ from typing import Protocol
 
 import sentencepiece as spm
 
-# Special ids shared by every tokenizer. Pad is 0 because the model masks id 0 (config.pad_id).
-PAD_ID = 0
-BOS_ID = 1
-EOS_ID = 2
-UNK_ID = 3
-NUM_SPECIAL_IDS = 4
+# Special ids shared by every tokenizer (`train.core.special_ids`), re-exported here.
+from train.core.special_ids import (  # noqa: E402, F401
+    BOS_ID,
+    EOS_ID,
+    NUM_BYTES,
+    NUM_SPECIAL_IDS,
+    PAD_ID,
+    UNK_ID,
+    model_vocab_size,
+)
 
 # ByteTokenizer: byte b has id b + BYTE_OFFSET, after the special ids.
 BYTE_OFFSET = NUM_SPECIAL_IDS
-NUM_BYTES = 256
 # Pieces of the special ids, spelled as SentencePiece spells them.
 SPECIAL_PIECES = ("<pad>", "<s>", "</s>", "<unk>")
 PRINTABLE_ASCII = (0x20, 0x7E)  # bytes shown as themselves by ByteTokenizer.id_to_piece
@@ -216,16 +219,6 @@ def check_encodable(text: str) -> bytes:
             "UTF-16 pair, not a Unicode character, so it cannot be tokenized; remove or "
             "replace it in the corpus (a JSON escape like \\ud83d needs its pair)."
         ) from None
-
-
-def model_vocab_size(kind: str, vocab_size: int) -> int:
-    """The vocabulary a model is built for: the byte tokenizer's, or `vocab_size`.
-
-    Args:
-        kind: the data section's `tokenizer` ('byte' or 'sentencepiece').
-        vocab_size: the data section's `vocab_size` (the pieces sentencepiece trains).
-    """
-    return ByteTokenizer().vocab_size if kind == "byte" else vocab_size
 
 
 def _sample_key(text: str) -> bytes:

@@ -22,7 +22,7 @@ A checkpoint that no longer restores (a file truncated by a full disk, say) whil
 does is damaged: `restore_newest_good` moves it aside to `checkpoints/<step>.corrupt`, logs
 one line, and resumes from the older one.
 
-A finished run is read back for inference by `train.tools.trained.load_trained`.
+A finished run is read back for inference by `train.program.trained.load_trained`.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ from train.program.metrics import (
     plot_loss_curve,
     progress_bar,
 )
-from train.tasks import Task
+from train.tasks import Task, get_task
 
 
 def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
@@ -389,6 +389,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         experiment.data,
         run,
         vocabulary(experiment.data, experiment.model.vocab_size, run.pretrained),
+        task=get_task(experiment.data.task),
         seed=settings.seed,
         num_steps=settings.num_train_steps,
         num_devices=mesh.size,

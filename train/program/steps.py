@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax
 import jax
@@ -21,12 +21,10 @@ import optax
 from flax import linen as nn
 
 from flax_transformer import sharding as sharding_lib
-from flax_transformer.functional import label_smoothed_cross_entropy
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.tokenizer import UNK_ID
-
-if TYPE_CHECKING:
-    from train.tasks import Task
+from train.tasks import Task
+from train.tasks.objective import LossSetup
 
 
 @flax.struct.dataclass
@@ -194,23 +192,6 @@ def _trained_grads(loss_fn, params, frozen_mask):
     return value, jax.tree.unflatten(treedef, grads)
 
 
-def _token_metrics(
-    logits, labels, loss, weights, pad_id: int, nll: jax.Array | None = None
-) -> dict[str, jax.Array]:
-    """Sums over the batch: 'loss' (as trained), 'nll', 'correct', 'tokens' (labels equal to
-    the tokenizer's `pad_id` are not counted). `nll`: the per-token nll where the caller
-    has it (the loss of a step without label smoothing)."""
-    if nll is None:
-        nll, _ = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.0, pad_id=pad_id)
-    correct = (jnp.argmax(logits, axis=-1) == labels) * weights
-    return {
-        "loss": loss.sum(),
-        "nll": nll.sum(),
-        "correct": correct.sum(),
-        "tokens": weights.sum(),
-    }
-
-
 def train_step(
     state: TrainState,
     batch: dict[str, jax.Array],
@@ -226,9 +207,9 @@ def train_step(
     drop_pad_logit: bool = False,
     frozen: Callable[[Any], Any] | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One micro-batch: forward, label-smoothed loss, gradient, optimizer update.
-
-    The loss is the mean over the batch's non-padding target tokens.
+    """One micro-batch: forward, the task's objective (`Task.loss`: label-smoothed token
+    cross-entropy for the tasks with a vocabulary head, the mean over the batch's scored
+    tokens), gradient, optimizer update.
 
     Args:
         state: the TrainState.
@@ -248,8 +229,8 @@ def train_step(
             frozen matrix (a third of a layer's matmuls), and the frozen ones get zeros.
 
     Returns:
-        (new state, metric sums: loss, nll, correct, tokens; grad_norm and learning_rate
-        of this step).
+        (new state, the objective's metric sums (token cross-entropy: loss, nll, correct,
+        tokens); grad_norm and learning_rate of this step).
     """
     key = jax.random.wrap_key_data(state.rng, impl=rng_impl)
     key, dropout_key = jax.random.split(key)
@@ -260,29 +241,21 @@ def train_step(
             batch, target_token_dropout, word_key, unk_id=unk_id, pad_id=model.config.pad_id
         )
 
+    setup = LossSetup(model.config.pad_id, label_smoothing, drop_pad_logit)
+
     def loss_fn(params):
-        logits, labels = task.logits_and_labels(
-            model, params, batch, deterministic=False, rngs={"dropout": dropout_key}
+        return task.loss(
+            model, params, batch, setup, deterministic=False, rngs={"dropout": dropout_key}
         )
-        if drop_pad_logit:
-            logits = logits[..., : model.config.pad_id]
-        loss, weights = label_smoothed_cross_entropy(
-            logits, labels, label_smoothing=label_smoothing, pad_id=model.config.pad_id
-        )
-        mean_loss = loss.sum() / jnp.maximum(weights.sum(), 1.0)
-        return mean_loss, (logits, labels, loss, weights)
 
     mask = None if frozen is None else frozen(state.params)
     if mask is None or not any(jax.tree.leaves(mask)):
-        (_, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (_, sums), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     else:
-        (_, aux), grads = _trained_grads(loss_fn, state.params, mask)
+        (_, sums), grads = _trained_grads(loss_fn, state.params, mask)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    # Without smoothing the loss is the nll: no second pass over the vocabulary.
-    metrics = _token_metrics(
-        *aux, pad_id=model.config.pad_id, nll=None if label_smoothing else aux[2]
-    )
+    metrics = dict(sums)
     metrics["grad_norm"] = optax.tree.norm(grads)
     if learning_rate is not None:
         metrics["learning_rate"] = jnp.asarray(learning_rate(state.step), jnp.float32)
@@ -303,18 +276,14 @@ def eval_step(
     task: Task,
     drop_pad_logit: bool = False,
 ) -> dict[str, jax.Array]:
-    """Metric sums of one validation batch, without label smoothing or dropout
-    (`drop_pad_logit` as in `train_step`).
+    """Metric sums of one validation batch (`Task.eval_sums`), without label smoothing or
+    dropout (`drop_pad_logit` as in `train_step`).
 
     Returns:
-        {'loss', 'nll', 'correct', 'tokens'} summed over non-padding target tokens
-        ('loss' equals 'nll' here).
+        The task's sums; token cross-entropy: {'loss', 'nll', 'correct', 'tokens'} summed
+        over non-padding target tokens ('loss' equals 'nll' here).
     """
-    logits, labels = task.logits_and_labels(model, params, batch, deterministic=True)
-    if drop_pad_logit:
-        logits = logits[..., : model.config.pad_id]
-    nll, weights = label_smoothed_cross_entropy(logits, labels, pad_id=model.config.pad_id)
-    return _token_metrics(logits, labels, nll, weights, pad_id=model.config.pad_id)
+    return task.eval_sums(model, params, batch, LossSetup(model.config.pad_id, 0.0, drop_pad_logit))
 
 
 def jit_steps(

@@ -6,7 +6,7 @@
   importers (`flax_transformer.interop.gpt2`, `llama`) as if they were a torch module;
 - a GGUF file: each tensor read the same way and dequantized under its Hugging Face name
   (`train.formats.sources.gguf.GGUFSource.read_tensor`), through the same Llama importer;
-- a `train.main` run: its newest parameters (`train.tools.trained.load_trained`), LoRA
+- a `train.main` run: its newest parameters (`train.program.trained.load_trained`), LoRA
   adapters merged.
 Each finished parameter is placed at once with the run's sharding
 (`train.program.steps.create_train_state(..., pretrained=...)`), so the host holds one layer
@@ -34,7 +34,7 @@ from flax_transformer.interop import gpt2, llama
 from train.formats import sources
 from train.formats.sources.gguf import GGUFSource
 from train.formats.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
-from train.tools.trained import load_trained
+from train.program.trained import load_trained
 
 # safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes, a jax dependency).
 _SAFETENSORS_DTYPES = {

@@ -20,8 +20,8 @@ from train.config import config_lib
 from train.config.sections import DecodeOptionError, DecodeOptions, Experiment
 from train.core.cli import die
 from train.core.failures import RUN_ERROR, RunFailure
+from train.program.trained import TrainedModel, load_trained
 from train.tasks import get_task
-from train.tools.trained import TrainedModel, load_trained
 
 
 def read_experiment(workdir: str | os.PathLike, tool: str | None = None) -> Experiment:

@@ -31,14 +31,13 @@ import numpy as np
 from train.data.batching import WHOLE_BATCH, MaskedTokens, RowShare
 from train.data.chat.examples import HeldOut
 from train.data.chat.store import prepare_chat_store, read_held_out
-from train.data.dataset import ONE_PROCESS, Dataset, Processes
+from train.data.dataset import ONE_PROCESS, Dataset, ExampleTask, Processes
 from train.data.epoch_stream import epoch_rng
 from train.data.packing import get_packer, packed_batch, packed_plan
 from train.data.store.store_pipeline import PREFETCH_BATCHES, StoreStream
 from train.data.store.token_store import StoreError, TokenStore, tokenizer_path
 from train.data.tokenizers import Vocabulary, open_tokenizer
 from train.formats.corpora.conversations import Conversation
-from train.tasks import get_task
 
 # The packing a chat store is read with (whole conversations, segment ids).
 PACKING = "segments"
@@ -76,6 +75,7 @@ class EpochPlans:
         lengths: the train conversations' tokens.
         max_len: a row's slots.
         batch_size: rows per global batch.
+        task: the run's task (`train.tasks.get_task(data.task)`), as a value.
         seed: the run's seed.
         share: this process's rows.
     """
@@ -118,6 +118,7 @@ def open_chat_store_dataset(
     data,
     vocabulary: Vocabulary,
     *,
+    task: ExampleTask,
     seed: int,
     num_steps: int,
     num_devices: int = 1,
@@ -143,7 +144,7 @@ def open_chat_store_dataset(
         StoreError: a store of other settings, a damaged one, or a language model's.
         ValueError: as the in-memory run.
     """
-    task, packer = get_task(data.task), get_packer(PACKING)
+    packer = get_packer(PACKING)
     packer.check(data, num_devices, share)
     store, prepared = prepare_chat_store(data, vocabulary, processes)
     if not store.has_masks:

@@ -36,7 +36,7 @@ import numpy as np
 
 from train.core.rundir import RunDir
 from train.data.batching import WHOLE_BATCH, Batch, RowShare
-from train.data.dataset import ONE_PROCESS, Dataset, Processes
+from train.data.dataset import ONE_PROCESS, Dataset, ExampleTask, Processes
 from train.data.packing import get_packer
 from train.data.store import store_prepare
 from train.data.store.token_store import (
@@ -47,7 +47,6 @@ from train.data.store.token_store import (
 )
 from train.data.tokenizer import PAD_ID
 from train.data.tokenizers import Vocabulary, open_tokenizer
-from train.tasks import get_task
 
 # Batches read ahead per process: enough that the step never waits, few enough to stay small.
 PREFETCH_BATCHES = 8
@@ -118,6 +117,7 @@ def train_batches(
 
     Args:
         source: the train split's windows.
+        task: the run's task (`train.tasks.get_task(data.task)`), as a value.
         seed: the run's seed (the shuffle of every epoch derives from it).
         batch_size: B, windows per global batch.
         share: this process's rows of every batch.
@@ -200,6 +200,7 @@ def open_store_dataset(
     vocabulary: Vocabulary,
     run: RunDir,
     *,
+    task: ExampleTask,
     seed: int,
     num_steps: int,
     num_devices: int = 1,
@@ -267,7 +268,7 @@ def open_store_dataset(
         )
 
     return Dataset(
-        task=get_task(data.task),
+        task=task,
         tokenizer=tokenizer,
         eval_batches=eval_batches(
             valid, batch_size=data.batch_size, share=share, max_batches=max_eval_batches

@@ -5,7 +5,7 @@ Read here: that the directory is a run (its config.json records `task` and `mode
 trained a language model, that it has checkpoints, and which tokenizer it used (the
 `tokenizer` and `vocab_size` fields it recorded). The run's model config is read with its
 whole checked config, by `train.config.config_lib.read_saved`, and its weights by
-`train.tools.trained.load_trained`: both are above this module.
+`train.program.trained.load_trained`: both are above this module.
 """
 
 from __future__ import annotations

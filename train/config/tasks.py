@@ -1,0 +1,87 @@
+"""What the config's checks know of a task, as plain values: `TaskFacts`, registered by each
+task folder (`train.tasks`) when it is imported, and looked up here by the task's name.
+
+config/ sits below the tasks: it never imports them and names no task. The program, the
+tools and the commands import `train.tasks`, which registers every task; code that checks a
+config on its own (a notebook calling `validate_config`) gets the registry filled by a first
+lookup, which imports `train.tasks` by name (`_load_tasks`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+# The package whose import registers every task.
+_TASKS_PACKAGE = "train.tasks"
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskFacts:
+    """A task's facts that the config sections and the data checks use.
+
+    Attributes:
+        name: the `config.task` value.
+        corpora: the `config.corpus` values whose examples it reads.
+        packings: the `config.packing` values it batches with.
+        hf_fields: how many fields of a Hugging Face row make one example.
+        own_fields: config fields that apply to this task only (0 / False for the others).
+        file_corpus: the corpus its own validation and test files are read as.
+        fine_tunes: whether a run may start from pretrained weights.
+        needs_pretrained: whether a run must (its examples need the model's chat template).
+        stores_masks: whether its examples carry a loss mask (a token store keeps it).
+        reads_stores: whether a token store can feed it (`--config.store_dir`).
+        verbatim: whether its text is kept verbatim by default (no whitespace collapsing).
+        conversations: whether its examples are conversations (read through a chat template).
+    """
+
+    name: str
+    corpora: tuple[str, ...]
+    packings: tuple[str, ...]
+    hf_fields: int
+    own_fields: tuple[str, ...]
+    file_corpus: str
+    fine_tunes: bool = False
+    needs_pretrained: bool = False
+    stores_masks: bool = False
+    reads_stores: bool = False
+    verbatim: bool = False
+    conversations: bool = False
+
+
+_REGISTERED: dict[str, TaskFacts] = {}
+
+
+def register_task(facts: TaskFacts) -> None:
+    """Makes `facts.name` a valid `config.task` (called by `train.tasks` on import)."""
+    _REGISTERED[facts.name] = facts
+
+
+def _load_tasks() -> dict[str, TaskFacts]:
+    if not _REGISTERED:
+        importlib.import_module(_TASKS_PACKAGE)
+    return _REGISTERED
+
+
+def registered_tasks() -> dict[str, TaskFacts]:
+    """Every registered task's facts, by name."""
+    return dict(_load_tasks())
+
+
+def task_facts(name: str) -> TaskFacts:
+    """The facts of the task called `name`.
+
+    Raises:
+        ValueError: no task has that name (names the choices).
+    """
+    tasks = _load_tasks()
+    if name not in tasks:
+        raise ValueError(f"task={name!r} is not one of {tuple(tasks)}.")
+    return tasks[name]
+
+
+def owners(field: str) -> str:
+    """The tasks a task-specific config field applies to, for messages: "'lm'"."""
+    return " or ".join(
+        repr(name) for name, facts in _load_tasks().items() if field in facts.own_fields
+    )
