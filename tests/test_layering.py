@@ -322,3 +322,79 @@ def test_the_config_sections_build_nothing():
         if name == "optax" or name.startswith("optax.")
     )
     assert not offenders, offenders
+
+
+# The program's floors, top to bottom (shared/DESIGN.md, "Layers of the house"): a module
+# may import from its own room and from any room on a lower floor, never from a higher one
+# or from another room of its own floor. The commands are the files at the top of train/.
+FLOORS = [
+    ["commands"],
+    ["train.tools", "train.aot"],
+    ["train.program"],
+    ["train.tasks"],
+    ["train.data"],  # train.data.store and train.data.chat are rooms inside it
+    ["train.config"],
+    # (train.formats itself is the package of the three, and holds no code)
+    ["train.formats", "train.formats.corpora", "train.formats.sources", "train.formats.optimizers"],
+    ["train.core"],
+]
+ROOMS = [room for floor in FLOORS for room in floor]
+
+
+def room_of(module: str) -> str:
+    """The room of a module of train/: the longest room name it lies in, else a command."""
+    inside = [r for r in ROOMS if module == r or module.startswith(r + ".")]
+    return max(inside, key=len) if inside else "commands"
+
+
+def floor_of(room: str) -> int:
+    return next(i for i, floor in enumerate(FLOORS) if room in floor)
+
+
+def rooms_graph() -> dict[str, set[str]]:
+    """Room -> the rooms its modules import (imports inside functions and under
+    TYPE_CHECKING counted)."""
+    graph: dict[str, set[str]] = {room: set() for room in ROOMS}
+    for module, imports in internal(PROGRAM).items():
+        source = room_of(module)
+        graph[source] |= {room_of(name) for name in imports} - {source}
+    return graph
+
+
+def test_every_module_of_train_is_in_a_room():
+    """A new folder of train/ is placed on a floor here before it is used."""
+    folders = {
+        ".".join(m.split(".")[:2])
+        for m in PROGRAM
+        if (ROOT / m.replace(".", "/")).is_dir() or m.count(".") >= 2
+    }
+    unplaced = sorted(f for f in folders if room_of(f) == "commands" and f != "train")
+    assert not unplaced, f"folders of train/ on no floor of FLOORS: {unplaced}"
+
+
+def test_no_circle_between_the_programs_rooms():
+    cycles = find_cycles(rooms_graph())
+    assert not cycles, f"import circles between folders of train/: {describe(cycles)}"
+
+
+def test_imports_between_rooms_point_down():
+    """Every import from one room to another goes to a lower floor: the arrows running back
+    up (`program -> tools`, `data -> tasks`, `config -> data`, `formats -> config`, ...) are
+    what made the loops."""
+    offenders = sorted(
+        f"{module} imports {name} ({room_of(module)} -> {room_of(name)})"
+        for module, imports in internal(PROGRAM).items()
+        for name in imports
+        if room_of(name) != room_of(module) and floor_of(room_of(name)) <= floor_of(room_of(module))
+    )
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_floors_catch_an_arrow_up(tmp_path):
+    """The rule itself: a data module importing a task is an arrow up."""
+    graph = {"train.data.x": {"train.tasks.y"}, "train.tasks.y": set()}
+    assert floor_of(room_of("train.tasks.y")) < floor_of(room_of("train.data.x"))
+    assert room_of("train.data.store.token_store") == "train.data"
+    assert room_of("train.formats.sources.gguf") == "train.formats.sources"
+    assert room_of("train.main") == "commands"
+    assert find_cycles({"a": {"b"}, "b": {"a"}}) and not find_cycles(graph)

@@ -75,8 +75,33 @@ ARCHITECTURE_FIELDS = (
 )
 
 
+# The sources this process has read, by path and the state of their files: a run asks for
+# its source on several floors (the config's model, the tokenizer, the chat template, the
+# weights), and each path is opened once and the same Source handed back while its files
+# are unchanged (`read_source`).
+_OPENED: dict[tuple, Source] = {}
+
+
+def _files_state(path: pathlib.Path) -> tuple | None:
+    """What tells that a source's files changed: each file's size and modification time
+    (the directory's own files, or the file itself); None where the path does not exist."""
+    try:
+        if path.is_dir():
+            return tuple(
+                (f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                for f in sorted(path.iterdir())
+                if f.is_file()
+            )
+        stat = path.stat()
+        return ((path.name, stat.st_mtime_ns, stat.st_size),)
+    except OSError:
+        return None
+
+
 def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source:
-    """The pretrained source at `path`, checked.
+    """The pretrained source at `path`, checked; opened once per process and handed back
+    again while its files are unchanged (a source read with its weights serves a read
+    without them).
 
     Args:
         path: `--config.init_from`: a Hugging Face GPT-2 / Llama / Mistral directory, a
@@ -93,6 +118,19 @@ def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source
     directory = pathlib.Path(path)
     if str(path) in PACKAGED and not directory.exists():
         directory = packaged_file(str(path))
+    state = _files_state(directory)
+    if state is not None:
+        for weights in (True,) if need_weights else (True, False):
+            opened = _OPENED.get((str(directory.resolve()), weights, state))
+            if opened is not None:
+                return opened
+    source = _read_source(path, directory, need_weights)
+    if state is not None:
+        _OPENED[(str(directory.resolve()), need_weights, state)] = source
+    return source
+
+
+def _read_source(path, directory: pathlib.Path, need_weights: bool) -> Source:
     if directory.is_file() and directory.suffix == SUFFIX:
         return read_gguf_file(directory)
     if not directory.is_dir():
