@@ -1,11 +1,11 @@
 """A corpus read in memory, to batches: load -> split -> tokenize -> filter -> batch.
 
-The corpus and its split come from the corpus table (`train.formats.corpora`), the tokenizer
-from the one factory (`train.data.tokenizers`), what an example is made of from the run's
-task (handed in as a value, `train.data.dataset.ExampleTask`), and how examples become batches from the run's
-`train.data.packing` packer; `build_dataset` wires them as the data section says and checks
-the ids that enter the program. The training batches are an `EpochStream`: every epoch
-reshuffled from (seed, epoch), resumable exactly.
+The corpus and its split come from the corpus table (`train.formats.corpora`), the tokenizer from
+the one factory (`train.data.tokenizers`), what an example is made of from the run's task (handed in
+as a value, `train.data.dataset.ExampleTask`), and how examples become batches from the run's
+`train.data.packing` packer; `build_dataset` wires them as the data section says and checks the ids
+that enter the program. The training batches are an `EpochStream`: every epoch reshuffled from
+(seed, epoch), resumable exactly.
 """
 
 from __future__ import annotations

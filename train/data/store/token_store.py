@@ -1,7 +1,7 @@
 """A corpus tokenized once: the token store on disk, and its windows read back by memory map.
 
-`python -m train.prepare` (`train.data.store.store_prepare`) writes a store; a run whose data section
-names one (`--config.store_dir`) reads it through `train.data.store.store_pipeline`. Layout:
+`python -m train.prepare` (`train.data.store.store_prepare`) writes a store; a run whose data
+section names one (`--config.store_dir`) reads it through `train.data.store.store_pipeline`. Layout:
 
     <store_dir>/
       plan.json                the inputs and settings the store is prepared from

@@ -31,10 +31,10 @@ class ChatTask(LanguageModelTask):
     marks (the assistant's replies and their end of turn), scored by BLEU and chrF of its
     replies to held-out prompts.
 
-    A language model underneath (the model, its inputs and logits are the 'lm' task's); what
-    differs is the example (a conversation, `train.formats.corpora.conversations`), how it becomes ids
-    (`train.data.chat.examples`: the template's ids as they are, no BOS or EOS added, and a
-    loss mask carried into the batch as `MaskedTokens`) and what the run ends with.
+    A language model underneath (the model, its inputs and logits are the 'lm' task's); what differs
+    is the example (a conversation, `train.formats.corpora.conversations`), how it becomes ids
+    (`train.data.chat.examples`: the template's ids as they are, no BOS or EOS added, and a loss
+    mask carried into the batch as `MaskedTokens`) and what the run ends with.
     """
 
     name = "chat"
