@@ -22,7 +22,7 @@ from train.config import config_lib
 from train.core.rundir import RunDir
 from train.data.chat.rows import open_chat_store_dataset
 from train.data.chat.store import prepare_chat_store
-from train.data.in_memory import build_dataset
+from train.data.pipeline.in_memory import build_dataset
 from train.data.store.token_store import StoreError, TokenStore
 from train.data.tokenizers import vocabulary
 from train.formats.corpora.bibles import load_kjv_web_pairs

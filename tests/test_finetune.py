@@ -31,7 +31,7 @@ from train.program import finetune, weights  # noqa: E402
 from train.program import loop as train_lib  # noqa: E402
 from train.program.checkpoint import Checkpointer  # noqa: E402
 from train.program.trained import load_trained  # noqa: E402
-from train.tasks.inference import sample_text  # noqa: E402
+from train.tasks.common.inference import sample_text  # noqa: E402
 from train.tiny_pretrained import write_tiny_model  # noqa: E402
 
 FAMILIES = ("gpt2", "llama")

@@ -1,4 +1,4 @@
-"""train.data.input_pipeline: the resumable epoch stream and the dataset built from a config
+"""train.data.pipeline.input_pipeline: the resumable epoch stream and the dataset built from a config
 (copied targets)."""
 
 import json
@@ -95,7 +95,7 @@ def test_epoch_rng_rejects_negative_seed():
 
 
 def test_copied_target_pairs_repeat_targets_as_sources():
-    from train.data.in_memory import copied_target_pairs
+    from train.data.pipeline.in_memory import copied_target_pairs
 
     pairs = [([10 + i], [100 + i, 7]) for i in range(10)]
     copies = copied_target_pairs(pairs, 0.5, seed=0)

@@ -14,7 +14,7 @@ from train.core.rundir import RunDir
 from train.program import loop as train_lib
 from train.program.checkpoint import Checkpointer
 from train.program.trained import load_trained
-from train.tasks import inference, metrics
+from train.tasks.common import inference, metrics
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning"

@@ -253,10 +253,11 @@ def test_a_strategy_of_another_type_is_a_type_error(shapes):
 
 
 def test_the_program_decode_options_build_one_strategy():
-    """train.tasks.inference: translation greedy or beam search, text greedy or sampling; a run's
+    """train.tasks.common.inference: translation greedy or beam search, text greedy or
+    sampling; a run's
     top_k/top_p go unused with temperature 0 (configs/lm_kjv.py has top_k=40)."""
     from train.config.sections import DecodeOptions
-    from train.tasks.inference import text_strategy, translation_strategy
+    from train.tasks.common.inference import text_strategy, translation_strategy
 
     options = DecodeOptions(max_len=16, beam_size=1, length_penalty=1.0, top_k=40, top_p=0.9)
     assert translation_strategy(options) == Greedy()

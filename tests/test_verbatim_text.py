@@ -16,7 +16,7 @@ from configs import default
 from train.config import config_lib
 from train.config.sections import DataConfig
 from train.core.rundir import RunDir
-from train.data import in_memory
+from train.data.pipeline import in_memory
 from train.data.store import store_prepare
 from train.data.store.token_store import MANIFEST, StoreError, tokenizer_path
 from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer

@@ -59,7 +59,7 @@ def sample_prompts(
     Returns:
         Each prompt followed by its continuation, the samples of a prompt together.
     """
-    from train.tasks.inference import sample_text
+    from train.tasks.common.inference import sample_text
     from train.tools import tools
 
     quiet_library_logs()
@@ -127,7 +127,7 @@ def chat_replies(
     from train.core.rundir import RunDir
     from train.data.chat.examples import run_chat_encoder
     from train.data.tokenizers import run_tokenizer
-    from train.tasks.inference import chat_replies as decode_replies
+    from train.tasks.common.inference import chat_replies as decode_replies
     from train.tools import tools
 
     quiet_library_logs()

@@ -48,7 +48,7 @@ def translate_sentences(
     Returns:
         One translation per sentence, in order.
     """
-    from train.tasks.inference import translate
+    from train.tasks.common.inference import translate
     from train.tools import tools
 
     quiet_library_logs()

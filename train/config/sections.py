@@ -23,7 +23,7 @@ function of the program receives the section it reads, never the whole config.
 
 The sections are data: what is built from them lives in `train/program/` (the schedule and
 the optax optimizer in `train.formats.optimizers`, the decoding strategies in
-`train.tasks.inference`).
+`train.tasks.common.inference`).
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ class _ReadByName:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_ReadByName):
-    """What the examples are and how they become batches (`train.data.input_pipeline.open_dataset`).
+    """What the examples are and how they become batches (`train.data.pipeline.input_pipeline.open_dataset`).
 
     Attributes: the config fields of the same names (`configs/default.py` documents each).
     `bucket_lengths`, `tokens_per_batch` and `batch_size` only shape the batches, so a resumed
@@ -579,7 +579,7 @@ class DecodeOptions:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
     """Validation, BLEU and the samples of the final report (`train.tasks`,
-    `train.tasks.inference`).
+    `train.tasks.common.inference`).
 
     Attributes:
         num_eval_batches: validation batches per evaluation; 0 = all.

@@ -40,7 +40,7 @@ from train.core.failures import Preempted
 from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.dataset import Dataset, Processes
-from train.data.input_pipeline import open_dataset
+from train.data.pipeline.input_pipeline import open_dataset
 from train.data.tokenizers import vocabulary
 from train.formats import optimizers as optim
 from train.formats import sources

@@ -24,7 +24,7 @@ from flax_transformer import sharding as sharding_lib
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.tokenizer import UNK_ID
 from train.tasks import Task
-from train.tasks.objective import LossSetup
+from train.tasks.common.objective import LossSetup
 
 
 @flax.struct.dataclass

@@ -26,7 +26,7 @@ from train.tasks import get_task
 
 
 class TrainedModel(NamedTuple):
-    """A trained run, ready for `train.tasks.inference.translate` / `sample_text`.
+    """A trained run, ready for `train.tasks.common.inference.translate` / `sample_text`.
 
     Attributes:
         config: the run's config.json as a ConfigDict, fields added since it was written

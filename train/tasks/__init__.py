@@ -11,8 +11,8 @@ from __future__ import annotations
 from flax import linen as nn
 
 from train.config.tasks import owners, register_task
-from train.tasks.base import Encoded, Task
 from train.tasks.chat import ChatTask
+from train.tasks.common.base import Encoded, Task
 from train.tasks.lm import LanguageModelTask
 from train.tasks.translation import TranslationTask, drop_target_tokens
 

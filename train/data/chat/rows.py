@@ -207,7 +207,7 @@ def _held_out(record: Mapping) -> HeldOut:
 
 
 def _chars_per_label(task, lengths: np.ndarray, held: list[HeldOut]) -> float:
-    """As the in-memory run counts it (`train.data.in_memory`): the characters of the
+    """As the in-memory run counts it (`train.data.pipeline.in_memory`): the characters of the
     validation replies per label (every token of a conversation but its first)."""
     labels = int(lengths.sum()) - len(lengths)
     return sum(len(t) for t in task.targets(held)) / max(labels, 1)

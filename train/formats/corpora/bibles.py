@@ -229,7 +229,7 @@ def load_kjv_web_pairs() -> list[tuple[str, str]]:
 
     The two shipped Bibles are aligned by book, chapter and verse; a verse missing or empty on
     either side is dropped. Both sides share an alphabet and most words, so copying the
-    source is a strong baseline (`train.tasks.inference.validation_bleu` scores it next to
+    source is a strong baseline (`train.tasks.common.inference.validation_bleu` scores it next to
     the model's).
 
     Returns:

@@ -20,8 +20,8 @@ from train.data.chat.examples import (
 from train.data.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS
 from train.formats.corpora import corpora_for
 from train.formats.corpora.conversations import Conversation
-from train.tasks import inference
-from train.tasks.base import Encoded
+from train.tasks.common import inference
+from train.tasks.common.base import Encoded
 from train.tasks.lm.task import LanguageModelTask
 
 

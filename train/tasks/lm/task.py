@@ -14,9 +14,9 @@ from flax_transformer import (
 from train.data.batching import Side
 from train.data.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS
 from train.formats.corpora import corpora_for
-from train.tasks import inference
-from train.tasks.base import _INIT_BATCH_SHAPE, Task
-from train.tasks.inference import cut_at_eos, sample_text
+from train.tasks.common import inference
+from train.tasks.common.base import _INIT_BATCH_SHAPE, Task
+from train.tasks.common.inference import cut_at_eos, sample_text
 
 
 class LanguageModelTask(Task):

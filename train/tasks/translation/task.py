@@ -18,9 +18,9 @@ from train.core import distributed
 from train.data.batching import Side
 from train.data.tokenizer import DEFAULT_SPECIALS, NUM_SPECIAL_IDS
 from train.formats.corpora import corpora_for
-from train.tasks import inference
-from train.tasks.base import _INIT_BATCH_SHAPE, Task
-from train.tasks.inference import cut_at_eos
+from train.tasks.common import inference
+from train.tasks.common.base import _INIT_BATCH_SHAPE, Task
+from train.tasks.common.inference import cut_at_eos
 
 
 def drop_target_tokens(

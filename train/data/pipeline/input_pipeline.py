@@ -6,7 +6,7 @@ training loop one `train.data.dataset.Dataset` either way.
   work directory (`run_data_section`), so its memory stays flat in corpus size; a task whose
   examples carry a loss mask (chat) reads its own kind of store
   (`train.data.chat.rows.open_chat_store_dataset`), only where the section names one;
-- the corpus in memory (`train.data.in_memory.build_dataset`): translation, and the corpora
+- the corpus in memory (`train.data.pipeline.in_memory.build_dataset`): translation, and the corpora
   a store cannot hold.
 """
 
@@ -20,7 +20,7 @@ from train.core.rundir import RunDir, read_json
 from train.data.batching import WHOLE_BATCH, RowShare
 from train.data.chat.rows import open_chat_store_dataset
 from train.data.dataset import ONE_PROCESS, Dataset, ExampleTask, Processes
-from train.data.in_memory import build_dataset
+from train.data.pipeline.in_memory import build_dataset
 from train.data.store.store_pipeline import open_store_dataset
 from train.data.tokenizers import Vocabulary
 from train.formats import corpora

@@ -5,7 +5,7 @@ A task owns what its examples are made of (a (source, target) pair of sentences,
 or a conversation), how they become token ids, the sides they fill in a batch, the model it
 trains, the inputs that initialise it, its objective (the loss of a batch and the metric sums
 the step reports: `Task.loss`, `Task.eval_sums`; token cross-entropy by default,
-`train.tasks.objective`), and what a run decodes and reports at the end. The rest of `train/`
+`train.tasks.common.objective`), and what a run decodes and reports at the end. The rest of `train/`
 asks `get_task(config.task)` and never branches on a task's name or on the shape of its
 examples; data/ and store/ receive a task as a value and never import this package.
 """
@@ -28,7 +28,7 @@ from train.config.sections import DataConfig, EvalConfig
 from train.config.tasks import TaskFacts
 from train.data.batching import Side, SideTokens, example_slots
 from train.data.tokenizer import DEFAULT_SPECIALS, PAD_ID, SpecialIds, Tokenizer
-from train.tasks.objective import LossSetup, token_cross_entropy, token_eval_sums
+from train.tasks.common.objective import LossSetup, token_cross_entropy, token_eval_sums
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -155,7 +155,7 @@ class Task:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The mean loss of a batch (what the step differentiates) and the metric sums it
         reports; by default label-smoothed token cross-entropy of `logits_and_labels`
-        (`train.tasks.objective.token_cross_entropy`). A task with another objective
+        (`train.tasks.common.objective.token_cross_entropy`). A task with another objective
         (pairs of replies, a reference model) overrides this and `eval_sums`."""
         logits, labels = self.logits_and_labels(
             model, params, batch, deterministic=deterministic, rngs=rngs
