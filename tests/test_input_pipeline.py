@@ -1,5 +1,5 @@
-"""train.data.pipeline.input_pipeline: the resumable epoch stream and the dataset built from a config
-(copied targets)."""
+"""train.data.pipeline.input_pipeline: the resumable epoch stream and the dataset built from a
+config (copied targets)."""
 
 import json
 

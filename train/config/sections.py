@@ -118,7 +118,8 @@ class _ReadByName:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig(_ReadByName):
-    """What the examples are and how they become batches (`train.data.pipeline.input_pipeline.open_dataset`).
+    """What the examples are and how they become batches
+    (`train.data.pipeline.input_pipeline.open_dataset`).
 
     Attributes: the config fields of the same names (`configs/default.py` documents each).
     `bucket_lengths`, `tokens_per_batch` and `batch_size` only shape the batches, so a resumed

@@ -41,7 +41,8 @@ class ExampleTask(Protocol):
 class Dataset:
     """Everything the training loop needs from the data, whichever path read it (a token
     store, `train.data.store.store_pipeline.open_store_dataset`, or the corpus in memory,
-    `train.data.pipeline.in_memory.build_dataset`; `train.data.pipeline.input_pipeline.open_dataset` chooses).
+    `train.data.pipeline.in_memory.build_dataset`;
+    `train.data.pipeline.input_pipeline.open_dataset` chooses).
 
     Attributes:
         task: the run's task.
