@@ -24,7 +24,8 @@ from typing import Any
 
 # The roles a message may have.
 ROLES = ("system", "user", "assistant")
-# `--config.train_on` values: which tokens of a conversation are trained (`train.data.chat.encoding`).
+# `--config.train_on` values: which tokens of a conversation are trained
+# (`train.data.chat.encoding`).
 TRAIN_ON = ("assistant", "last", "all")
 # The record keys a conversation is read from, as the errors name them.
 MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"

@@ -1,6 +1,6 @@
 """What a pretrained source is (`--config.init_from`): a Hugging Face model directory
-(`train.formats.sources.hf`), a GGUF file (`train.formats.sources.gguf`; also by the name of a Python package
-that ships one, `--config.init_from=smollm2`) or a `train.main` run directory
+(`train.formats.sources.hf`), a GGUF file (`train.formats.sources.gguf`; also by the name of
+a Python package that ships one, `--config.init_from=smollm2`) or a `train.main` run directory
 (`train.formats.sources.run`), read without its weights.
 
 This package is a leaf of `train/`: config/, data/, store/ and program/ all read sources

@@ -5,7 +5,8 @@ models), read with the `gguf` package (llama.cpp's own reader; numpy, no torch):
   (`train.formats.sources.gguf_config`), converted by the library's `llama_config`, so the model is
   the one the tested importer builds (vocabulary V + 1: the added pad id V). Other
   architectures are refused by name.
-- **the tokenizer**: `tokenizer.ggml.*` as a `tokenizer.json` (`train.formats.sources.gguf_tokenizer`).
+- **the tokenizer**: `tokenizer.ggml.*` as a `tokenizer.json`
+  (`train.formats.sources.gguf_tokenizer`).
 - **the weights**: each tensor dequantized on request (`read_tensor`, `gguf.quants`), under
   its Hugging Face name (`gguf_config.hf_name`), with llama.cpp's row order of q and k undone.
 
