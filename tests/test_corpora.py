@@ -1,5 +1,5 @@
-"""train.formats.corpora: the shipped Bibles (on miniature copies of their package files), the
-user's files, the hash split, and the real corpora where their packages are installed."""
+"""train.formats.corpora: the shipped Bibles (on miniature copies of their package files),
+the user's files, the hash split, and the real corpora where their packages are installed."""
 
 import csv
 import gzip

@@ -1,4 +1,5 @@
-"""Tests for train.data.tokenizer: byte and SentencePiece tokenizers."""
+"""Tests for train.data.tokenizer and train.data.spm_tokenizer: byte and SentencePiece
+tokenizers."""
 
 import io
 import os
@@ -6,6 +7,7 @@ import os
 import pytest
 import sentencepiece as spm
 
+from train.data.spm_tokenizer import SentencePieceTokenizer
 from train.data.tokenizer import (
     BOS_ID,
     BYTE_OFFSET,
@@ -13,7 +15,6 @@ from train.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     ByteTokenizer,
-    SentencePieceTokenizer,
 )
 
 SMALL_VOCAB = 64

@@ -17,9 +17,10 @@ from train.config import config_lib
 from train.config.sections import DataConfig
 from train.core.rundir import RunDir
 from train.data.pipeline import in_memory
+from train.data.spm_tokenizer import SentencePieceTokenizer
 from train.data.store import store_prepare
 from train.data.store.token_store import MANIFEST, StoreError, tokenizer_path
-from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer
+from train.data.tokenizer import ByteTokenizer
 from train.data.tokenizers import open_tokenizer
 from train.formats.corpora import bibles, corpus, splits
 from train.formats.corpora import files as text_files

@@ -32,7 +32,7 @@ _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
 # The experiment config of a program run without --config.
-DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
+DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py")
 
 # How a host shows an accelerator to the plugin that drives it (paths under the root "/"):
 # TPU chips (libtpu) as /dev/accel* (v2-v4) or VFIO groups /dev/vfio/<n> (v5e and later),

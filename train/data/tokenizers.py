@@ -5,8 +5,8 @@ store, its worker processes, the tools that read a trained run, and a pretrained
     'byte'           (unused)                               ByteTokenizer
     'sentencepiece'  the model file (`spm_<V>.model` of a   SentencePieceTokenizer, trained on
                      run, `tokenizer.model` of a store)     `train_texts` where the file is missing
-    'pretrained'     a pretrained source or its snapshot    the model's own (its source,
-                     (a Hugging Face directory, a GGUF      `train.formats.sources`):
+    'pretrained'     a pretrained source or its snapshot    the model's own
+                     (a Hugging Face directory, a GGUF      (`train.formats.sources`):
                      file, a run)                           `tokenizer.json`, the GGUF file's
                                                             `tokenizer.ggml.*`, or the run's own
 
@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from train.core.rundir import RunDir
 from train.data.hf_tokenizer import PretrainedTokenizer
-from train.data.tokenizer import ByteTokenizer, SentencePieceTokenizer, Tokenizer
+from train.data.spm_tokenizer import SentencePieceTokenizer
+from train.data.tokenizer import ByteTokenizer, Tokenizer
 from train.formats import sources
 
 

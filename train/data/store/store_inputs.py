@@ -13,8 +13,8 @@
   (`.jsonl`, `.json`), verbatim or whitespace-normalised (`collapse_whitespace`); bytes that
   are not UTF-8, lines that are not JSON, records without the field and lone surrogates
   are refused naming the file and offset.
-- `split_of`: a document's split, by the hash rule of `train.formats.corpora.splits.split_examples`,
-  or its shard's `role`.
+- `split_of`: a document's split, by the hash rule of
+  `train.formats.corpora.splits.split_examples`, or its shard's `role`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""Tokenize a corpus once into a token store (`train.data.store.token_store`): bounded memory,
-parallel, resumable, deterministic.
+"""Tokenize a corpus once into a token store (`train.data.store.token_store`): bounded
+memory, parallel, resumable, deterministic.
 
     inputs -> plan (shards) -> tokenizer sample -> SentencePiece -> shards -> manifest
 
-- Inputs (`train.data.store.store_inputs`): `--config.corpus=text` with `--config.corpus_path` a
-  file or a glob (`**` allowed) of plain-text files (a document per non-blank line, blank-line
-  separated paragraph or file: `--config.text_documents`) or JSON lines (`.jsonl`/`.json`: one
-  document per record, its `--config.text_field`), each possibly gzip (`.gz`) or zstd (`.zst`)
-  compressed; or `--config.corpus=kjv`, the shipped King James Bible. Documents are kept verbatim
-  unless `--config.collapse_whitespace=True`.
+- Inputs (`train.data.store.store_inputs`): `--config.corpus=text` with
+  `--config.corpus_path` a file or a glob (`**` allowed) of plain-text files (a document per
+  non-blank line, blank-line separated paragraph or file: `--config.text_documents`) or JSON
+  lines (`.jsonl`/`.json`: one document per record, its `--config.text_field`), each
+  possibly gzip (`.gz`) or zstd (`.zst`) compressed; or `--config.corpus=kjv`, the shipped
+  King James Bible. Documents are kept verbatim unless `--config.collapse_whitespace=True`.
 - Plan: a shard is an uncompressed file's byte range of about `store_shard_bytes` (a line
   belongs to the range its first byte is in) or a whole file (compressed, or documents
   that span lines). The plan is a function of the files alone, so every process and every
@@ -48,6 +48,7 @@ import numpy as np
 
 from train.core.failures import RunFailure
 from train.data.dataset import Processes
+from train.data.spm_tokenizer import SentencePieceTokenizer
 from train.data.store.store_inputs import Source, documents, plan_shards, split_of
 from train.data.store.token_store import (
     MANIFEST,
@@ -67,7 +68,7 @@ from train.data.store.token_store import (
     umask,
     write_json_file,
 )
-from train.data.tokenizer import SentencePieceTokenizer, SpecialIds
+from train.data.tokenizer import SpecialIds
 from train.data.tokenizers import Vocabulary, open_tokenizer
 from train.formats.sources import CONFIG_FILE, read_source, snapshot
 
