@@ -31,6 +31,19 @@ _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 # tracebacks (dozens of lines); the error itself reaches the program and is reported once.
 _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
+# Config fields renamed since runs were recorded: old field -> today's dotted field. Read as
+# the new on the command line (`--config.muon_learning_rate=0.03` is
+# `--config.optimizer.muon.learning_rate=0.03`; `renamed_overrides`) and in a run
+# directory's config.json (`train.config.config_lib.read_saved`): this is the one table.
+# The optimizer was a name (`--config.optimizer=muon`) and Muon's options flat fields; both
+# are now in the optimizer's section (`train.formats.optimizers`).
+RENAMED_FIELDS = {
+    "optimizer": "optimizer.name",
+    "muon_learning_rate": "optimizer.muon.learning_rate",
+    "muon_momentum": "optimizer.muon.momentum",
+    "muon_weight_decay": "optimizer.muon.weight_decay",
+}
+
 # The experiment config of a program run without --config.
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
 
@@ -251,15 +264,32 @@ def config_file_error(err: Exception, argv: list[str]) -> str:
     return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
 
 
+def renamed_overrides(argv: list[str]) -> list[str]:
+    """Rewrites, in place, each `--config.<old>` override of a renamed field
+    (`RENAMED_FIELDS`) as today's `--config.<new>`, `=value` or a separate value alike, and
+    returns `argv`. A dotted field under an old name (`--config.optimizer.name`) is today's
+    and stays."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        dashes = "--" if name.startswith("--") else "-"
+        field = name.removeprefix(dashes).removeprefix("config.")
+        if name.startswith(f"{dashes}config.") and field in RENAMED_FIELDS:
+            argv[i] = f"{dashes}config.{RENAMED_FIELDS[field]}{sep}{value}"
+    return argv
+
+
 def define_config_flag(argv: list[str]) -> None:
     """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
 
     ml_collections applies `--config.x=...` overrides while the flag is defined (default
     config) or parsed (--config given); both raise AttributeError/KeyError for an unknown
-    field, which becomes a one-line message here.
+    field, which becomes a one-line message here. The overrides of renamed fields are read
+    as today's first (`renamed_overrides`, on `argv` itself: pass `sys.argv`, which absl
+    parses after).
     """
     from ml_collections import config_flags
 
+    renamed_overrides(argv)
     try:
         config_flags.DEFINE_config_file(
             "config", DEFAULT_CONFIG, "Experiment config file (configs/*.py).", lock_config=True
