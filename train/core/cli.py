@@ -45,7 +45,7 @@ RENAMED_FIELDS = {
 }
 
 # The experiment config of a program run without --config.
-DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parent.parent / "configs" / "default.py")
+DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py")
 
 # How a host shows an accelerator to the plugin that drives it (paths under the root "/"):
 # TPU chips (libtpu) as /dev/accel* (v2-v4) or VFIO groups /dev/vfio/<n> (v5e and later),
@@ -239,15 +239,30 @@ def loaded_config(config):
     """
     try:
         config.lock  # noqa: B018
-    except (OSError, SyntaxError) as err:
+    except (OSError, SyntaxError, TypeError) as err:
         die(config_file_error(err, sys.argv), USAGE_ERROR)
     return config
+
+
+def _renamed_in_file(text: str, argv: list[str]) -> str | None:
+    """One line for a config file that assigns a renamed field its old kind of value
+    (`config.optimizer = 'adam'`, now a section), from ml_collections' error; else None."""
+    found = re.search(r"Could not override field '(\w+)'", text)
+    if not found or found.group(1) not in RENAMED_FIELDS:
+        return None
+    old, new = found.group(1), RENAMED_FIELDS[found.group(1)]
+    return (
+        f"--config {_config_path(argv)}: sets config.{old}, which is now config.{new} ; "
+        f"write config.{new} = ... in the file"
+    )
 
 
 def config_file_error(err: Exception, argv: list[str]) -> str:
     """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
     path = _config_path(argv)
     fix = "pass a config file such as --config configs/default.py"
+    if renamed := _renamed_in_file(str(err), argv):
+        return renamed
     if isinstance(err, SyntaxError):
         return (
             f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
@@ -305,7 +320,7 @@ def parse_config_flags(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as err:
         die(_override_error(err, argv), USAGE_ERROR)
-    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
+    except (OSError, SyntaxError, TypeError) as err:  # the --config file, loaded to apply overrides
         die(config_file_error(err, argv), USAGE_ERROR)
     except flags.Error as err:
-        die(str(err), USAGE_ERROR)
+        die(_renamed_in_file(str(err), argv) or str(err), USAGE_ERROR)
