@@ -9,6 +9,7 @@ sub-section) and its builder, and the one place that builds from them (`make_opt
     adam.py            'adam', 'adamw'
     muon.py            'muon': Muon for the layers' matrices, AdamW for the rest
     schedule_free.py   'schedule_free_adamw': evaluated at its averaged point
+    lion.py            'lion' (Chen et al. 2023): the worked example of a new optimizer
 
 A new optimizer is one module that registers an `Entry` (its options dataclass, if it has
 any, and a builder) and its name in the import line below: docs/training.md, "Add an
@@ -31,7 +32,7 @@ from typing import Any
 import optax
 
 # Each module registers its entries when imported: one name here per module.
-from train.formats.optimizers import adam, muon, schedule_free  # noqa: F401
+from train.formats.optimizers import adam, lion, muon, schedule_free  # noqa: F401
 from train.formats.optimizers.registry import (
     OPTIMIZERS,
     Entry,
