@@ -83,7 +83,7 @@ def recipe(steps: int, train_file: pathlib.Path, valid_file: pathlib.Path):
         use_bias=False,
         scale_embeddings=False,
     )
-    config.optimizer = "adamw"
+    config.optimizer.name = "adamw"
     config.learning_rate = 1e-3
     config.warmup_steps = 100
     config.schedule = "cosine"

@@ -294,9 +294,14 @@ def _ours_run(args, train_file, valid_file) -> dict:
     from benchmarks import char_lm
 
     config = char_lm.recipe(args.steps, train_file, valid_file)
+    from train.core.cli import RENAMED_FIELDS
+
     for key, value in recipe_overrides(args.recipe, args.steps).items():
-        target = config.model if key.startswith("model.") else config
-        target[key.removeprefix("model.")] = value
+        *parents, leaf = RENAMED_FIELDS.get(key, key).split(".")  # old names read as today's
+        target = config
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
     config.eval_every_steps = max(config.num_train_steps // args.evals, 1)
     config.checkpoint_every_steps = config.num_train_steps
     config.sample_prompts = ()  # nothing generated after the last evaluation

@@ -27,7 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.d_ff = 1024  # feed-forward width
     config.model.num_layers = 2  # layers per stack
     config.tokens_per_batch = 2048  # padded tokens per batch
-    config.optimizer = "adam"  # the first recipe's optimizer and schedule, as recorded
+    config.optimizer.name = "adam"  # the first recipe's optimizer and schedule, as recorded
     config.learning_rate = 2e-3  # peak learning rate
     config.schedule = "cosine"  # 100 warm-up steps, then cosine to 0
     config.packing = "none"  # length-bucketed rows, as in the run recorded in README.md

@@ -36,7 +36,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.learning_rate = 2e-3  # peak learning rate
     config.schedule = "cosine"  # warm-up then cosine decay to 0
     config.warmup_steps = 100  # warm-up updates
-    config.optimizer = "adamw"  # decoupled weight decay
+    config.optimizer.name = "adamw"  # decoupled weight decay
     config.weight_decay = 0.01  # AdamW weight decay
     config.label_smoothing = 0.0  # language models train on the plain likelihood
     config.num_train_steps = 900  # micro-batch steps

@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.model.norm_position = "post"  # the paper's LayerNorm(x + Sublayer(x))
     config.model.dtype = "bfloat16"  # compute dtype on accelerators (params stay float32)
 
-    config.optimizer = "adam"  # paper: Adam
+    config.optimizer.name = "adam"  # paper: Adam
     # Paper eq. 3: lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), whose peak at
     # step = warmup is (d_model * warmup)^-0.5 ~= 7.0e-4.
     config.learning_rate = (D_MODEL * WARMUP_STEPS) ** -0.5  # peak learning rate

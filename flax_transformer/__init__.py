@@ -19,7 +19,8 @@ Beside them: axes (logical axis names, imported by layers and blocks), sharding 
 rules mapping those names to mesh axes, and mesh_rules / on_mesh, which trace a step under
 them) and lora
 (merge_lora, lora_mask, lora_param_count over a parameter tree; imports config and
-functional; the adapters themselves are `layers.lora`).
+functional; the adapters themselves are `layers.lora`) and optim (muon_partition,
+muon_dimension_numbers: the matrices `optax.contrib.muon` should orthogonalise).
 
 Dimension key used in names (`x_BTD`) and einsum strings:
   B batch, T target/query length, S source/key length, D model width, N heads,
@@ -69,6 +70,7 @@ from flax_transformer.layers import (
 )
 from flax_transformer.lora import lora_mask, lora_param_count, merge_lora
 from flax_transformer.models import DecoderOnlyTransformer, Transformer, check_tokens
+from flax_transformer.optim import muon_dimension_numbers, muon_partition
 from flax_transformer.sharding import mesh_rules, on_mesh
 
 __version__ = "0.1.0"
@@ -116,6 +118,8 @@ __all__ = [
     "merge_lora",
     "mesh_rules",
     "multi_head_attention",
+    "muon_dimension_numbers",
+    "muon_partition",
     "on_mesh",
     "padding_mask",
     "rms_norm",

@@ -356,7 +356,8 @@ def test_model_formula_equals_the_traced_matrix_products(name):
     config = {"default": default, "lm_kjv_llama": lm_kjv_llama}[name].get_config()
     config.update(max_len=32, bucket_lengths=(), batch_size=8, tokens_per_batch=0)
     config.max_decode_len = 0
-    config.optimizer = "adam"  # Muon's Newton-Schulz products are the optimizer's, not the model's
+    # Muon's Newton-Schulz products are the optimizer's, not the model's.
+    config.optimizer.name = "adam"
     task = tasks.get_task(config.task)
     mesh = sharding.make_mesh(-1, 1, 1)
     counts = {}

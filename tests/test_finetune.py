@@ -19,11 +19,11 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from configs import finetune_gpt2  # noqa: E402
+from flax_transformer import muon_partition  # noqa: E402
 from train.config import config_lib  # noqa: E402
 from train.core.rundir import RunDir, prepare_workdir  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
 from train.export import export_adapters, export_run  # noqa: E402
-from train.formats import optimizers as optim  # noqa: E402
 from train.formats import sources  # noqa: E402
 from train.formats.corpora.bibles import load_kjv_lines  # noqa: E402
 from train.formats.sources import hf  # noqa: E402
@@ -84,8 +84,11 @@ def _config(model_dir, corpus, **overrides):
     config.temperature = 0.0
     config.top_k = 0
     for key, value in overrides.items():
-        target = config.model if key.startswith("model.") else config
-        target[key.removeprefix("model.")] = value
+        *parents, leaf = key.split(".")
+        target = config
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
     return config
 
 
@@ -259,7 +262,11 @@ def test_muon_fine_tunes_within_the_groups(model_dirs, corpus, tmp_path):
     """--config.optimizer=muon with frozen embeddings: they stay and hold no state; the
     layers' matrices take Muon (one moment), the other trained parameters AdamW (two)."""
     config = _config(
-        model_dirs["gpt2"], corpus, learning_rate=1e-2, freeze="embeddings", optimizer="muon"
+        model_dirs["gpt2"],
+        corpus,
+        learning_rate=1e-2,
+        freeze="embeddings",
+        **{"optimizer.name": "muon"},
     )
     experiment, start = _start(config, tmp_path / "run")
     before = jax.tree.map(np.asarray, start.state.params)
@@ -270,7 +277,7 @@ def test_muon_fine_tunes_within_the_groups(model_dirs, corpus, tmp_path):
         ffn = (after["decoder"]["layers_0"]["ffn"], before["decoder"]["layers_0"]["ffn"])
         assert not np.array_equal(ffn[0][name], ffn[1][name])
     groups = finetune.param_labels(experiment.optimizer, experiment.model)(before)
-    kinds = optim.muon_labels(before)
+    kinds = muon_partition(before)
     sizes = {"muon": 0, "adamw": 0}
     for x, group, kind in zip(*map(jax.tree.leaves, (before, groups, kinds)), strict=True):
         if group != "frozen":

@@ -147,6 +147,11 @@ def test_no_circle_between_the_programs_modules():
         ),
         # The corpus table: the config's choices and the tasks' corpora derive from it.
         ("train.formats.corpora", ["train.config", "train.program", "train.data.store"]),
+        # The optimizer table: config checks its sections, program builds from it.
+        (
+            "train.formats.optimizers",
+            ["train.config", "train.data", "train.tasks", "train.program", "train.tools"],
+        ),
     ],
 )
 def test_the_programs_leaves_import_nothing_above_them(leaf, above):

@@ -9,7 +9,7 @@ import pytest
 from train_helpers import tiny_config, write_tiny_tsv
 
 from train.config import config_lib
-from train.config.sections import DataConfig
+from train.config.sections import OptimizerConfig, ScheduleConfig
 from train.core.rundir import RunDir
 from train.program import loop as train_lib
 from train.program.checkpoint import Checkpointer
@@ -44,10 +44,13 @@ def test_muon_on_a_scanned_stack_resumes_bit_identically(tmp_path):
     killed after checkpoint 4 ends bitwise where the uninterrupted one does."""
     config = tiny_config(
         write_tiny_tsv(tmp_path),
-        optimizer="muon",
-        muon_learning_rate=0.05,
         bleu_examples=0,
-        **{"model.scan_layers": True, "model.num_layers": 2},
+        **{
+            "optimizer.name": "muon",
+            "optimizer.muon.learning_rate": 0.05,
+            "model.scan_layers": True,
+            "model.num_layers": 2,
+        },
     )
     straight = tmp_path / "straight"
     results = train_lib.train_and_evaluate(config, str(straight))
@@ -71,9 +74,9 @@ def test_schedule_free_evaluates_samples_and_reads_back_its_average(tmp_path):
     translations and `load_trained` (every tool) use x, the averaged point."""
     config = tiny_config(
         write_tiny_tsv(tmp_path),
-        optimizer="schedule_free_adamw",
         schedule="constant",
         learning_rate=1e-2,
+        **{"optimizer.name": "schedule_free_adamw"},
     )
     workdir = tmp_path / "run"
     results = train_lib.train_and_evaluate(config, str(workdir))
@@ -103,15 +106,18 @@ def test_schedule_free_evaluates_samples_and_reads_back_its_average(tmp_path):
     "overrides, message",
     [
         (
-            dict(optimizer="schedule_free_adamw"),
-            r"--config.schedule='cosine': optimizer='schedule_free_adamw' averages",
+            {"optimizer.name": "schedule_free_adamw"},
+            r"--config.schedule='cosine': optimizer.name='schedule_free_adamw' averages",
         ),
         (
-            dict(optimizer="schedule_free_adamw", schedule="constant", b1=0.0),
+            {"optimizer.name": "schedule_free_adamw", "schedule": "constant", "b1": 0.0},
             r"--config.b1=0.0: must be in \(0, 1\)",
         ),
-        (dict(optimizer="muon", muon_momentum=-0.1), r"--config.muon_momentum=-0.1"),
-        (dict(optimizer="muon", muon_learning_rate=-1.0), r"--config.muon_learning_rate=-1.0"),
+        ({"optimizer.muon.momentum": -0.1}, r"--config.optimizer.muon.momentum=-0.1"),
+        (
+            {"optimizer.muon.learning_rate": -1.0},
+            r"--config.optimizer.muon.learning_rate=-1.0",
+        ),
     ],
 )
 def test_optimizer_settings_are_refused_by_name(tmp_path, overrides, message):
@@ -124,9 +130,11 @@ def test_schedule_free_refuses_fine_tuning_groups(tmp_path):
     """A run from pretrained weights always has groups (train_lib.build_program): refused
     before its source is read for steps."""
     config = tiny_config(write_tiny_tsv(tmp_path), schedule="constant")
-    config.update(task="lm", corpus="text", tokenizer="pretrained", init_from=str(tmp_path))
-    data = DataConfig.from_config(config)
-    experiment = config_lib.validate_config(tiny_config(write_tiny_tsv(tmp_path)))
-    schedule = experiment.schedule.__class__("constant", 1e-3, 0, 10)
-    with pytest.raises(ValueError, match=r"optimizer='schedule_free_adamw': keeps one average"):
-        config_lib._check_schedule_free(schedule, data)
+    config.optimizer.name = "schedule_free_adamw"
+    optimizer = OptimizerConfig.from_config(config)
+    schedule = ScheduleConfig("constant", 1e-3, 0, 10)
+    optimizer.check_run(schedule, fine_tuning=False)
+    with pytest.raises(
+        ValueError, match=r"--config.optimizer.name='schedule_free_adamw': keeps one average"
+    ):
+        optimizer.check_run(schedule, fine_tuning=True)

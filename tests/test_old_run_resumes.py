@@ -57,7 +57,7 @@ def _config(kind: str, **extra):
     file wherever the test runs."""
     tiny = dict(
         **extra,
-        optimizer="adam",  # the old default, which their checkpoints' optimizer state is
+        **{"optimizer.name": "adam"},  # the old default, their checkpoints' optimizer state
         num_train_steps=NUM_STEPS,
         bleu_examples=0,
         batch_size=48,  # an epoch of a few batches: steps 5-8 cross into the next one

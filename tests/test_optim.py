@@ -5,6 +5,8 @@ tests/test_config_files.py, and the rate each step reports in tests/test_section
 the builders alone, on small trees.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,9 +15,15 @@ import pytest
 from flax import linen as nn
 from optax.contrib import MuonDimensionNumbers
 
-from flax_transformer import Transformer, TransformerConfig
+from flax_transformer import (
+    Transformer,
+    TransformerConfig,
+    muon_dimension_numbers,
+    muon_partition,
+)
 from train.config.sections import OptimizerConfig, ScheduleConfig
 from train.formats import optimizers as optim
+from train.formats.optimizers.muon import MuonOptions
 
 PARAMS = {"embed": jnp.full((3,), 0.5), "new": jnp.full((2,), -0.5), "old": jnp.full((2,), 1.0)}
 GRADS = {
@@ -27,12 +35,15 @@ GROUPS = {"embed": "frozen", "new": "train", "old": "pretrained"}
 
 
 def _optimizer(**fields):
-    values = dict(
-        optimizer="adamw", b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0
-    )
+    values = dict(name="adamw", b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0, grad_clip_norm=0.0)
     values.update(grad_accum_steps=1, freeze="", pretrained_lr_scale=1.0)
     values.update(fields)
     return OptimizerConfig(**values)
+
+
+def _constant(rate: float) -> ScheduleConfig:
+    """A schedule at `rate` from the first update (no warm-up)."""
+    return ScheduleConfig("constant", rate, warmup_steps=0, num_updates=10)
 
 
 def _updates(tx, grads=GRADS, params=PARAMS):
@@ -56,17 +67,17 @@ def test_each_schedule_warms_up_linearly_from_the_first_update(kind, rates):
 
 @pytest.mark.parametrize("kind", ["adam", "adamw"])
 def test_without_groups_it_is_clipping_then_the_named_rule(kind):
-    section = _optimizer(optimizer=kind, weight_decay=0.1, grad_clip_norm=1.0)
+    section = _optimizer(name=kind, weight_decay=0.1, grad_clip_norm=1.0)
     rule = optax.adamw(1e-3, 0.9, 0.98, 1e-9, weight_decay=0.1) if kind == "adamw" else None
     rule = rule or optax.adam(1e-3, 0.9, 0.98, 1e-9)
     expected = optax.chain(optax.clip_by_global_norm(1.0), rule)
-    got = _updates(optim.make_optimizer(section, lambda count: 1e-3))
+    got = _updates(optim.make_optimizer(section, _constant(1e-3)))
     jax.tree.map(np.testing.assert_array_equal, got, _updates(expected))
 
 
 def test_groups_freeze_scale_and_clip_without_the_frozen_gradients():
     section = _optimizer(eps=1.0, grad_clip_norm=1.0, pretrained_lr_scale=0.5)
-    tx = optim.make_optimizer(section, lambda count: 1e-2, lambda params: GROUPS)
+    tx = optim.make_optimizer(section, _constant(1e-2), lambda params: GROUPS)
     got = _updates(tx)
     np.testing.assert_array_equal(got["embed"], 0.0)  # frozen
     # Adam's first step is -lr * g / (|g| + eps), g clipped to global norm 1: the norm of the
@@ -80,15 +91,15 @@ def test_groups_freeze_scale_and_clip_without_the_frozen_gradients():
 
 
 def test_accumulation_updates_on_every_kth_call_with_the_mean_gradient():
-    section = _optimizer(optimizer="adam", grad_accum_steps=2)
-    tx = optim.make_optimizer(section, lambda count: 1e-2)
+    section = _optimizer(name="adam", grad_accum_steps=2)
+    tx = optim.make_optimizer(section, _constant(1e-2))
     state = tx.init(PARAMS)
     first, state = tx.update(GRADS, state, PARAMS)
     assert all(not np.any(x) for x in jax.tree.leaves(first))
     twice = jax.tree.map(lambda g: 3 * g, GRADS)
     second, _ = tx.update(twice, state, PARAMS)
     mean = jax.tree.map(lambda g: 2 * g, GRADS)
-    plain = _updates(optim.make_optimizer(_optimizer(optimizer="adam"), lambda count: 1e-2), mean)
+    plain = _updates(optim.make_optimizer(_optimizer(name="adam"), _constant(1e-2)), mean)
     jax.tree.map(np.testing.assert_allclose, jax.tree.map(np.asarray, second), plain)
 
 
@@ -117,7 +128,7 @@ def test_muon_takes_the_layers_matrices_and_adamw_the_rest(scan):
     )  # fmt: skip
     tokens = jnp.ones((1, 4), jnp.int32)
     params = _model_params(Transformer(config), tokens, tokens)
-    labels = _flat_labels(optim.muon_labels(params))
+    labels = _flat_labels(muon_partition(params))
     kernels = ("qkv_kernel", "query_kernel", "kv_kernel", "out_kernel", "wi_kernel", "wo_kernel")
     muon = {name for name, label in labels.items() if label == "muon"}
     assert muon == {name for name in labels if name.rsplit("/", 1)[1] in kernels}
@@ -143,11 +154,11 @@ def test_muon_takes_the_layers_matrices_and_adamw_the_rest(scan):
     assert labels["decoder/logits/kernel"] == "adamw"
     # Boxed (init's) and unboxed (the step's) parameters get the same labels.
     boxed = _model_params(Transformer(config), tokens, tokens, boxed=True)
-    assert _flat_labels(optim.muon_labels(boxed)) == labels
+    assert _flat_labels(muon_partition(boxed)) == labels
 
 
 def test_muon_axes_keep_each_layer_and_each_qkv_part_a_matrix_of_its_own():
-    axes = optim.muon_dimension_numbers(
+    axes = muon_dimension_numbers(
         {
             "layers": {"self_attention": {"qkv_kernel": jnp.zeros((2, 8, 3, 2, 4))}},
             "layers_0": {
@@ -164,8 +175,10 @@ def test_muon_axes_keep_each_layer_and_each_qkv_part_a_matrix_of_its_own():
     assert axes["embed"]["embedding"] is None
 
 
-def _muon_section(**fields):
-    return _optimizer(optimizer="muon", b2=0.99, eps=1e-8, weight_decay=0.1, **fields)
+def _muon_section(**options):
+    return _optimizer(
+        name="muon", b2=0.99, eps=1e-8, weight_decay=0.1, options=MuonOptions(**options)
+    )
 
 
 def test_muon_updates_equal_optax_muon_per_matrix_and_adamw_elsewhere():
@@ -178,8 +191,8 @@ def test_muon_updates_equal_optax_muon_per_matrix_and_adamw_elsewhere():
     params = {"decoder": {"layers": {"self_attention": {"qkv_kernel": qkv}}}, "embed": emb}
     params = {"decoder": params["decoder"], "embed": {"embedding": emb}}
     grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
-    section = _muon_section(muon_momentum=0.9, muon_weight_decay=0.01)
-    tx = optim.make_optimizer(section, lambda c: 1e-3, muon_schedule=lambda c: 0.02)
+    section = _muon_section(learning_rate=0.02, momentum=0.9, weight_decay=0.01)
+    tx = optim.make_optimizer(section, _constant(1e-3))
     state = tx.init(params)
     got = []
     for _ in range(2):  # two steps: the momentum is carried
@@ -216,11 +229,9 @@ def test_muon_with_fine_tuning_groups():
     grads = jax.tree.map(lambda x: jnp.ones_like(x) + x, params)
     labels = {"decoder": {"layers_0": {"ffn": {"wi_kernel": "pretrained"}}}}
     labels |= {"embed": {"embedding": "frozen"}, "head": {"bias": "pretrained"}}
-    section = _muon_section(pretrained_lr_scale=0.5)
-    grouped = optim.make_optimizer(
-        section, lambda c: 1e-3, lambda p: labels, muon_schedule=lambda c: 0.02
-    )
-    plain = optim.make_optimizer(section, lambda c: 1e-3, muon_schedule=lambda c: 0.02)
+    section = dataclasses.replace(_muon_section(learning_rate=0.02), pretrained_lr_scale=0.5)
+    grouped = optim.make_optimizer(section, _constant(1e-3), lambda p: labels)
+    plain = optim.make_optimizer(section, _constant(1e-3))
     got, want = _updates(grouped, grads, params), _updates(plain, grads, params)
     np.testing.assert_array_equal(got["embed"]["embedding"], 0.0)
     for path in (("decoder", "layers_0", "ffn", "wi_kernel"), ("head", "bias")):
@@ -232,15 +243,11 @@ def test_muon_with_fine_tuning_groups():
     assert 5 * 8 not in state_sizes  # no moment of the frozen embedding
 
 
-def test_muon_needs_its_schedule():
-    with pytest.raises(ValueError, match="needs a muon_schedule"):
-        optim.make_optimizer(_muon_section(), lambda c: 1e-3)
-
-
 def test_schedule_free_is_optax_schedule_free_adamw_and_evaluates_its_average():
-    section = _optimizer(optimizer="schedule_free_adamw", grad_clip_norm=1.0, weight_decay=0.1)
-    schedule = optim.make_schedule(ScheduleConfig("constant", 1e-2, 2, 10))
-    tx = optim.make_optimizer(section, schedule)
+    section = _optimizer(name="schedule_free_adamw", grad_clip_norm=1.0, weight_decay=0.1)
+    schedule_section = ScheduleConfig("constant", 1e-2, 2, 10)
+    schedule = optim.make_schedule(schedule_section)
+    tx = optim.make_optimizer(section, schedule_section)
     expected = optax.chain(
         optax.clip_by_global_norm(1.0),
         optax.contrib.schedule_free_adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.1),
@@ -254,31 +261,33 @@ def test_schedule_free_is_optax_schedule_free_adamw_and_evaluates_its_average():
         jax.tree.map(np.testing.assert_array_equal, updates[0][0], updates[1][0])
         states = tuple(u[1] for u in updates)
         params = tuple(optax.apply_updates(p, u[0]) for p, u in zip(params, updates, strict=True))
-    evaluated = optim.evaluation_params(states[0], params[0])
+    evaluated = optim.evaluation_params(section, states[0], params[0])
     want = optax.contrib.schedule_free_eval_params(states[1][1], params[1])
     jax.tree.map(np.testing.assert_array_equal, evaluated, want)
     assert not np.allclose(evaluated["new"], params[0]["new"])  # x is not y
     # Found inside gradient accumulation's state too; any other rule evaluates its params.
-    accumulated = optim.make_optimizer(
-        _optimizer(optimizer="schedule_free_adamw", grad_accum_steps=2), schedule
-    )
-    state = accumulated.init(PARAMS)
-    assert optim.evaluation_params(state, PARAMS) is not PARAMS
-    adam = optim.make_optimizer(_optimizer(optimizer="adam"), schedule)
-    assert optim.evaluation_params(adam.init(PARAMS), PARAMS) is PARAMS
+    accumulated = _optimizer(name="schedule_free_adamw", grad_accum_steps=2)
+    state = optim.make_optimizer(accumulated, schedule_section).init(PARAMS)
+    assert optim.evaluation_params(accumulated, state, PARAMS) is not PARAMS
+    adam = _optimizer(name="adam")
+    adam_state = optim.make_optimizer(adam, schedule_section).init(PARAMS)
+    assert optim.evaluation_params(adam, adam_state, PARAMS) is PARAMS
     with pytest.raises(ValueError, match="takes no fine-tuning groups"):
-        optim.make_optimizer(section, schedule, lambda p: GROUPS)
+        optim.make_optimizer(section, schedule_section, lambda p: GROUPS)
 
 
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(optimizer="sgd"), r"optimizer='sgd': must be one of \('adam', 'adamw', 'muon', "),
-        (dict(optimizer="muon", muon_learning_rate=0.0), r"muon_learning_rate=0.0: must be a"),
-        (dict(optimizer="muon", muon_momentum=1.0), r"muon_momentum=1.0: must be in \[0, 1\)"),
-        (dict(optimizer="schedule_free_adamw", b1=0.0), r"b1=0.0: must be in \(0, 1\) with"),
+        (dict(name="sgd"), r"name='sgd': must be one of \('adam', 'adamw', 'lion', 'muon', "),
+        (dict(learning_rate=0.0), r"--config.optimizer.muon.learning_rate=0.0: must be a"),
+        (dict(momentum=1.0), r"--config.optimizer.muon.momentum=1.0: must be in \[0, 1\)"),
+        (dict(name="schedule_free_adamw", b1=0.0), r"b1=0.0: must be in \(0, 1\) with"),
     ],
 )
 def test_optimizer_fields_are_checked(fields, message):
     with pytest.raises(ValueError, match=message):
-        _optimizer(**fields)
+        if "name" in fields:
+            _optimizer(**fields)
+        else:
+            MuonOptions(**fields)

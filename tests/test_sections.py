@@ -26,6 +26,7 @@ from train.config.sections import (
 from train.core import failures
 from train.data.tokenizer import ByteTokenizer
 from train.formats import optimizers as optim
+from train.formats.optimizers.muon import MuonOptions
 from train.program import loop as train_lib
 from train.program import steps
 
@@ -47,9 +48,13 @@ def test_each_section_holds_its_config_fields(experiment):
         section = getattr(experiment, name)
         assert isinstance(section, cls)
         for field in dataclasses.fields(cls):
+            if cls is OptimizerConfig and field.name in ("name", "options"):
+                continue  # config.optimizer's, below
             value = config[field.name]
             expected = tuple(value) if isinstance(value, list | tuple) else value
             assert getattr(section, field.name) == expected, (name, field.name)
+    assert experiment.optimizer.name == config.optimizer.name
+    assert experiment.optimizer.options == MuonOptions(**config.optimizer.muon)
     assert experiment.schedule == ScheduleConfig(
         schedule=config.schedule,
         learning_rate=config.learning_rate,
@@ -86,7 +91,7 @@ def test_sections_are_frozen(experiment, name):
         ("data", "batch_size", 8, r"set exactly one of them > 0"),
         ("data", "text_documents", "pages", r"--config.text_documents='pages': must be one of"),
         ("data", "collapse_whitespace", 1, r"--config.collapse_whitespace=1: must be True"),
-        ("optimizer", "optimizer", "sgd", r"--config.optimizer='sgd': must be one of"),
+        ("optimizer", "name", "sgd", r"--config.optimizer.name='sgd': must be one of"),
         ("optimizer", "grad_accum_steps", 0, r"--config.grad_accum_steps=0: must be a positive"),
         ("optimizer", "eps", -1.0, r"--config.eps=-1.0: must be non-negative"),
         ("schedule", "learning_rate", 0.0, r"--config.learning_rate=0.0: must be > 0"),
@@ -173,19 +178,27 @@ def test_validate_config_returns_the_sections():
 
 
 def test_the_sections_load_alone():
-    # Nothing of train/ comes with them but the corpus table, a leaf, and the plain
-    # conversations it reads (no template engine, no tokenizer): the tasks and the decoding
-    # may read them freely.
+    # Nothing of train/ comes with them but the leaves below config: the corpus table and
+    # the plain conversations it reads (no template engine, no tokenizer), the optimizer
+    # table, and the failures of core: the tasks and the decoding may read them freely.
     code = (
         "import sys, train.config.sections; "
         "print(sorted(m for m in sys.modules if m.startswith('train.')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout.strip()))
-    table = {"train.data", "train.formats.corpora", "train.formats.corpora.conversations"}
-    assert {"train.config", "train.config.sections", *table} <= loaded
-    others = {m for m in loaded - table if not m.startswith("train.formats.corpora.")}
-    assert others == {"train.config", "train.config.sections"}
+    tables = {"train.formats.corpora", "train.formats.corpora.conversations"}
+    tables |= {"train.formats.optimizers", "train.formats.optimizers.registry"}
+    assert {"train.config", "train.config.sections", *tables} <= loaded
+    leaves = ("train.formats.corpora.", "train.formats.optimizers.")
+    others = {m for m in loaded - tables if not m.startswith(leaves)}
+    assert others == {
+        "train.config",
+        "train.config.sections",
+        "train.core",
+        "train.core.failures",
+        "train.formats",
+    }
 
 
 @pytest.mark.parametrize(

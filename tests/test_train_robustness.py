@@ -323,7 +323,7 @@ def test_checkpoints_that_all_fail_are_left_in_place(tmp_path):
     workdir = tmp_path / "run"
     train_lib.train_and_evaluate(config, str(workdir))
     changed = config.copy_and_resolve_references()
-    changed.optimizer = "adamw"  # not an identity field, but a different optimizer state
+    changed.optimizer.name = "adamw"  # not an identity field, but a different optimizer state
     changed.weight_decay = 0.1
     changed.num_train_steps = 6
     with pytest.raises(CheckpointError, match="damaged or from a different config"):

@@ -34,6 +34,7 @@ from train.config.sections import (
     fail,
 )
 from train.config.tasks import owners, registered_tasks, task_facts
+from train.core.cli import RENAMED_FIELDS
 from train.core.failures import DamagedFileError, model_field_error
 from train.core.rundir import RunDir, read_json
 from train.core.special_ids import PAD_ID, model_vocab_size
@@ -97,8 +98,7 @@ def validate_config(
         freeze.check_freeze(optimizer, model, bool(data.init_from))
     run = RunConfig.from_config(config)  # before the schedule, which counts its updates
     schedule = ScheduleConfig.from_config(config, optimizer, run)
-    if optimizer.optimizer == "schedule_free_adamw":
-        _check_schedule_free(schedule, data)
+    optimizer.check_run(schedule, fine_tuning=bool(data.init_from))
     evaluation = EvalConfig.from_config(config)
     if run.target_bleu and not (run.bleu_every_steps and evaluation.bleu_examples):
         raise fail(
@@ -117,29 +117,6 @@ def validate_config(
         eval=evaluation,
         run=run,
     )
-
-
-def _check_schedule_free(schedule: ScheduleConfig, data: DataConfig) -> None:
-    """Schedule-free AdamW replaces the decay of the rate with its averaging (Defazio et al.
-    2024: warm-up, then constant), and keeps one average of every parameter.
-
-    Raises:
-        ValueError: a decaying schedule, or fine-tuning's parameter groups (init_from).
-    """
-    if schedule.schedule != "constant":
-        raise fail(
-            "schedule",
-            schedule.schedule,
-            "optimizer='schedule_free_adamw' averages its iterates instead of decaying the "
-            "rate: set --config.schedule=constant (linear warm-up, then constant)",
-        )
-    if data.init_from:
-        raise fail(
-            "optimizer",
-            "schedule_free_adamw",
-            "keeps one average of all the parameters and takes no fine-tuning groups "
-            "(--config.init_from); use 'adam', 'adamw' or 'muon'",
-        )
 
 
 def _pretrained_model(
@@ -304,11 +281,30 @@ def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
 
 
 def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
-    """A saved config with today's names: `packed` (a bool) became `packing`."""
+    """A saved config with today's names: `packed` (a bool) became `packing`; the flat
+    optimizer fields (`optimizer` a name, `muon_learning_rate`, ...) became
+    `optimizer.name` and `optimizer.<name>.<option>` (`optimizers.renamed_fields`)."""
     saved = dict(saved)
     if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
         saved["packing"] = "stream" if saved.get("packed") else "none"
-    return saved
+    return with_nested_optimizer(saved)
+
+
+def with_nested_optimizer(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`flat` (a config as a dict) with the old flat optimizer fields moved to their
+    dotted places (`train.core.cli.RENAMED_FIELDS`, the table the command line reads too).
+    """
+    flat = dict(flat)
+    for old, new in RENAMED_FIELDS.items():
+        if old not in flat or isinstance(flat[old], Mapping):
+            continue  # absent, or `optimizer` already the section
+        value = flat.pop(old)
+        section = flat["optimizer"] = dict(flat.get("optimizer") or {})
+        *parents, leaf = new.split(".")[1:]
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[leaf] = value
+    return flat
 
 
 def read_saved(
@@ -349,7 +345,10 @@ def read_saved(
         raise DamagedFileError(f"{path} holds no JSON object ; {fix}")
     saved = _renamed(saved)
     saved.pop("packed", None)
-    config = ml_collections.ConfigDict({**default.get_config().to_dict(), **saved})
+    defaults = default.get_config().to_dict()
+    # The optimizer section merged field by field: an older file lacks sub-sections.
+    optimizer = _merged(defaults["optimizer"], saved.get("optimizer", {}))
+    config = ml_collections.ConfigDict({**defaults, **saved, "optimizer": optimizer})
     try:
         return config, validate_config(config, workdir=run.path)
     except ValueError as err:
@@ -357,6 +356,16 @@ def read_saved(
             f"{path} records {err} ; correct the value in the file (this version of the "
             "program refuses it), or retrain."
         ) from None
+
+
+def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `update`'s values, nested dicts merged key by key."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            value = _merged(merged[key], value)
+        merged[key] = value
+    return merged
 
 
 def _as_json(value: Any) -> Any:

@@ -6,7 +6,8 @@ once, at the top of a run, into one frozen section per job:
 
     data       DataConfig            corpus, split, tokenizer, lengths, packing, batch sizes
     model      TransformerConfig     `config.model` + vocab_size, max_len and pad_id
-    optimizer  OptimizerConfig       Adam(W), clipping, gradient accumulation, fine-tuning groups
+    optimizer  OptimizerConfig       the named optimizer with its options, clipping, gradient
+                                     accumulation, fine-tuning groups
     schedule   ScheduleConfig        the learning rate over updates
     step       StepConfig            the train step's loss and input noise
     eval       EvalConfig            validation, BLEU and samples; `decode` is a DecodeOptions
@@ -21,9 +22,11 @@ decoding may read the sections without a circle; the names of the chat loss mask
 `train.formats.corpora.conversations`, plain Python that the table's conversations read too. Every
 function of the program receives the section it reads, never the whole config.
 
-The sections are data: what is built from them lives in `train/program/` (the schedule and
-the optax optimizer in `train.formats.optimizers`, the decoding strategies in
-`train.tasks.common.inference`).
+The optimizer and schedule sections belong to their table (`train.formats.optimizers`, a
+leaf like the corpora): each registered optimizer owns its options (`--config.optimizer.<name>`),
+and these sections are re-exported here. The sections are data: what is built from them
+lives in `train.formats.optimizers` (the schedule and the optax optimizer) and
+`train.tasks.common.inference` (the decoding strategies).
 """
 
 from __future__ import annotations
@@ -37,26 +40,21 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train.config.tasks import registered_tasks, task_facts
+from train.core.failures import fail
 from train.formats import corpora
 from train.formats.corpora.conversations import TRAIN_ON
 from train.formats.corpora.files import TEXT_DOCUMENTS
+from train.formats.optimizers import OptimizerConfig, ScheduleConfig
 
 # Every --config.corpus value, in the order of the corpus table (`train.formats.corpora`).
 CORPORA = tuple(corpora.CORPORA)
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
-OPTIMIZERS = ("adam", "adamw", "muon", "schedule_free_adamw")
-SCHEDULES = ("rsqrt", "cosine", "constant")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
 LOSSLESS_SPM_MIN_VOCAB = 4 + 256
-
-
-def fail(field: str, value: Any, expected: str) -> ValueError:
-    """The error for a bad config value: `--config.<field>=<value>: <expected>.`"""
-    return ValueError(f"--config.{field}={value!r}: {expected}.")
 
 
 def _is_int(value: Any) -> bool:
@@ -358,103 +356,6 @@ class DataConfig(_ReadByName):
                 "bucket_lengths",
                 lengths,
                 f"must be increasing positive ints ending with max_len={self.max_len}, or ()",
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class ScheduleConfig:
-    """The learning rate as a function of the optimizer update count.
-
-    Attributes:
-        schedule: 'rsqrt', 'cosine' or 'constant' (`train.formats.optimizers.make_schedule`).
-        learning_rate: the peak rate, reached at the end of warm-up.
-        warmup_steps: linear warm-up, in updates.
-        num_updates: updates in the whole run (`num_train_steps // grad_accum_steps`, at least
-            1): where the cosine reaches 0.
-        fine_tuning: the run starts from pretrained weights (`--config.init_from`), where a
-            learning rate of 0 is allowed (to evaluate and sample the pretrained model as is).
-    """
-
-    schedule: str
-    learning_rate: float
-    warmup_steps: int
-    num_updates: int
-    fine_tuning: bool = False
-
-    @classmethod
-    def from_config(
-        cls, config: ml_collections.ConfigDict, optimizer: OptimizerConfig, run: RunConfig
-    ) -> ScheduleConfig:
-        """The schedule's fields of the config; the update count from the optimizer and run
-        sections, which have checked `grad_accum_steps` and `num_train_steps`."""
-        return cls(
-            schedule=config.schedule,
-            learning_rate=config.learning_rate,
-            warmup_steps=config.warmup_steps,
-            num_updates=max(run.num_train_steps // optimizer.grad_accum_steps, 1),
-            fine_tuning=bool(config.get("init_from")),
-        )
-
-    def __post_init__(self):
-        _check_choice(self, "schedule", SCHEDULES)
-        _check_non_negative_ints(self, "warmup_steps")
-        _check_non_negative(self, "learning_rate")
-        if self.learning_rate == 0 and not self.fine_tuning:
-            raise fail(
-                "learning_rate",
-                self.learning_rate,
-                "must be > 0 (0 is allowed with --config.init_from, to evaluate a pretrained "
-                "model unchanged)",
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig(_ReadByName):
-    """Global-norm clipping, then the update rule (Adam, AdamW, Muon with AdamW, or
-    schedule-free AdamW); gradient accumulation; for fine-tuning, parameter groups frozen or
-    trained at a lower rate (`train.formats.optimizers.make_optimizer`).
-
-    Attributes: the config fields of the same names. `freeze` and `pretrained_lr_scale`
-    take effect with `--config.init_from` (`train.program.finetune` gives each parameter its
-    group). `muon_learning_rate` (the peak of the matrices' schedule, which has the shape of
-    `learning_rate`'s), `muon_momentum` and `muon_weight_decay` take effect with
-    optimizer='muon'; b1, b2, eps and weight_decay are then its AdamW's, and with
-    'schedule_free_adamw' b1 is the interpolation between its averages.
-    """
-
-    optimizer: str
-    b1: float
-    b2: float
-    eps: float
-    weight_decay: float
-    grad_clip_norm: float
-    grad_accum_steps: int
-    freeze: str = ""
-    pretrained_lr_scale: float = 1.0
-    muon_learning_rate: float = 0.02
-    muon_momentum: float = 0.95
-    muon_weight_decay: float = 0.0
-
-    def __post_init__(self):
-        _check_choice(self, "optimizer", OPTIMIZERS)
-        _check_positive_ints(self, "grad_accum_steps")
-        _check_non_negative(self, "b1", "b2", "eps", "weight_decay", "grad_clip_norm")
-        _check_non_negative(self, "muon_weight_decay")
-        if not _is_real(self.muon_learning_rate) or self.muon_learning_rate <= 0:
-            raise fail("muon_learning_rate", self.muon_learning_rate, "must be a number > 0")
-        _check_fraction(self, "muon_momentum")
-        if self.optimizer == "schedule_free_adamw" and not 0 < self.b1 < 1:
-            raise fail(
-                "b1",
-                self.b1,
-                "must be in (0, 1) with optimizer='schedule_free_adamw' (the interpolation "
-                "between its averages; 0.9 is the paper's)",
-            )
-        if not _is_real(self.pretrained_lr_scale) or not 0 <= self.pretrained_lr_scale <= 1:
-            raise fail(
-                "pretrained_lr_scale",
-                self.pretrained_lr_scale,
-                "must be in [0, 1]: the pretrained parameters' share of the learning rate",
             )
 
 

@@ -31,6 +31,19 @@ _CHATTY_LIBRARIES = ("/orbax/", "/matplotlib/", "/jax/_src/")
 # tracebacks (dozens of lines); the error itself reaches the program and is reported once.
 _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 
+# Config fields renamed since runs were recorded: old field -> today's dotted field. Read as
+# the new on the command line (`--config.muon_learning_rate=0.03` is
+# `--config.optimizer.muon.learning_rate=0.03`; `renamed_overrides`) and in a run
+# directory's config.json (`train.config.config_lib.read_saved`): this is the one table.
+# The optimizer was a name (`--config.optimizer=muon`) and Muon's options flat fields; both
+# are now in the optimizer's section (`train.formats.optimizers`).
+RENAMED_FIELDS = {
+    "optimizer": "optimizer.name",
+    "muon_learning_rate": "optimizer.muon.learning_rate",
+    "muon_momentum": "optimizer.muon.momentum",
+    "muon_weight_decay": "optimizer.muon.weight_decay",
+}
+
 # The experiment config of a program run without --config.
 DEFAULT_CONFIG = str(pathlib.Path(__file__).resolve().parents[2] / "configs" / "default.py")
 
@@ -226,15 +239,30 @@ def loaded_config(config):
     """
     try:
         config.lock  # noqa: B018
-    except (OSError, SyntaxError) as err:
+    except (OSError, SyntaxError, TypeError) as err:
         die(config_file_error(err, sys.argv), USAGE_ERROR)
     return config
+
+
+def _renamed_in_file(text: str, argv: list[str]) -> str | None:
+    """One line for a config file that assigns a renamed field its old kind of value
+    (`config.optimizer = 'adam'`, now a section), from ml_collections' error; else None."""
+    found = re.search(r"Could not override field '(\w+)'", text)
+    if not found or found.group(1) not in RENAMED_FIELDS:
+        return None
+    old, new = found.group(1), RENAMED_FIELDS[found.group(1)]
+    return (
+        f"--config {_config_path(argv)}: sets config.{old}, which is now config.{new} ; "
+        f"write config.{new} = ... in the file"
+    )
 
 
 def config_file_error(err: Exception, argv: list[str]) -> str:
     """One line for a --config file that cannot be loaded: what went wrong ; the fix."""
     path = _config_path(argv)
     fix = "pass a config file such as --config configs/default.py"
+    if renamed := _renamed_in_file(str(err), argv):
+        return renamed
     if isinstance(err, SyntaxError):
         return (
             f"--config {path}: {err.msg} at line {err.lineno} (a Python syntax error) ; "
@@ -251,15 +279,32 @@ def config_file_error(err: Exception, argv: list[str]) -> str:
     return f"--config {path}: could not be loaded ({what}) ; fix the file, or {fix}"
 
 
+def renamed_overrides(argv: list[str]) -> list[str]:
+    """Rewrites, in place, each `--config.<old>` override of a renamed field
+    (`RENAMED_FIELDS`) as today's `--config.<new>`, `=value` or a separate value alike, and
+    returns `argv`. A dotted field under an old name (`--config.optimizer.name`) is today's
+    and stays."""
+    for i, arg in enumerate(argv):
+        name, sep, value = arg.partition("=")
+        dashes = "--" if name.startswith("--") else "-"
+        field = name.removeprefix(dashes).removeprefix("config.")
+        if name.startswith(f"{dashes}config.") and field in RENAMED_FIELDS:
+            argv[i] = f"{dashes}config.{RENAMED_FIELDS[field]}{sep}{value}"
+    return argv
+
+
 def define_config_flag(argv: list[str]) -> None:
     """Defines --config (default: configs/default.py), exiting cleanly on a bad override.
 
     ml_collections applies `--config.x=...` overrides while the flag is defined (default
     config) or parsed (--config given); both raise AttributeError/KeyError for an unknown
-    field, which becomes a one-line message here.
+    field, which becomes a one-line message here. The overrides of renamed fields are read
+    as today's first (`renamed_overrides`, on `argv` itself: pass `sys.argv`, which absl
+    parses after).
     """
     from ml_collections import config_flags
 
+    renamed_overrides(argv)
     try:
         config_flags.DEFINE_config_file(
             "config", DEFAULT_CONFIG, "Experiment config file (configs/*.py).", lock_config=True
@@ -275,7 +320,7 @@ def parse_config_flags(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except (AttributeError, KeyError) as err:
         die(_override_error(err, argv), USAGE_ERROR)
-    except (OSError, SyntaxError) as err:  # the --config file, loaded to apply overrides
+    except (OSError, SyntaxError, TypeError) as err:  # the --config file, loaded to apply overrides
         die(config_file_error(err, argv), USAGE_ERROR)
     except flags.Error as err:
-        die(str(err), USAGE_ERROR)
+        die(_renamed_in_file(str(err), argv) or str(err), USAGE_ERROR)

@@ -16,6 +16,7 @@ raise these; train/core/cli.py turns them into one-line errors and exit statuses
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # Exit statuses: a mistake on the command line, config or data (as absl's usage errors), or a
 # run that failed after it started (RunFailure, an I/O error).
@@ -46,6 +47,12 @@ class CheckpointWriteError(RunFailure):
 class Preempted(Exception):
     """A run stopped by SIGTERM at a step boundary after saving that step's checkpoint; its
     message is the one line to print. Not a RunFailure: nothing failed."""
+
+
+def fail(field: str, value: Any, expected: str) -> ValueError:
+    """The error for a bad config value: `--config.<field>=<value>: <expected>.` (a field of
+    a sub-section is dotted: `optimizer.muon.learning_rate`)."""
+    return ValueError(f"--config.{field}={value!r}: {expected}.")
 
 
 # How TransformerConfig names the field it refuses: "TransformerConfig.num_heads=5 ...".

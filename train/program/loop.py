@@ -118,7 +118,8 @@ class Program:
         eval_step: jitted `(params, batch) -> metric sums`.
         put_batch: places a numpy batch (this process's rows) on the mesh.
         eval_params: `state -> the parameters to evaluate` (`optim.evaluation_params`:
-            the state's own, or schedule-free AdamW's averaged point, jitted), for
+            the state's own, or where the optimizer's entry says (schedule-free AdamW's
+            averaged point), jitted), for
             validation, BLEU and the final report.
     """
 
@@ -163,11 +164,7 @@ def build_program(
         if experiment.data.init_from
         else None
     )
-    muon_schedule = None
-    if experiment.optimizer.optimizer == "muon":
-        peak = experiment.optimizer.muon_learning_rate
-        muon_schedule = optim.make_schedule(experiment.schedule, peak=peak)
-    tx = optim.make_optimizer(experiment.optimizer, schedule, labels, muon_schedule=muon_schedule)
+    tx = optim.make_optimizer(experiment.optimizer, experiment.schedule, labels)
     accum = experiment.optimizer.grad_accum_steps
     shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
     train_step, eval_step, put_batch = steps.jit_steps(
@@ -188,9 +185,11 @@ def build_program(
         frozen=finetune.frozen_mask(experiment.optimizer, experiment.model) if labels else None,
     )
     eval_params = steps.state_params
-    if experiment.optimizer.optimizer == "schedule_free_adamw":
+    if experiment.optimizer.entry.evaluation_params is not None:
         eval_params = jax.jit(
-            lambda state: optim.evaluation_params(state.opt_state, state.params),
+            lambda state: optim.evaluation_params(
+                experiment.optimizer, state.opt_state, state.params
+            ),
             out_shardings=jax.tree.map(lambda leaf: leaf.sharding, shapes.params),
         )
     return Program(model, tx, shapes, train_step, eval_step, put_batch, eval_params)

@@ -7,6 +7,7 @@ data pipeline and the tasks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, NamedTuple
 
@@ -78,11 +79,11 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
     target = nn.unbox(jax.eval_shape(model.init, jax.random.key(0), *init_inputs))["params"]
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, target)
     targets = {"params": target}
-    if experiment.optimizer.optimizer == "schedule_free_adamw":
+    if experiment.optimizer.entry.evaluation_params is not None:
         # Its parameters are where it took gradients; the state's averages give the point
-        # it evaluates (the run had no fine-tuning groups: config_lib refuses them).
-        schedule = optim.make_schedule(experiment.schedule)
-        tx = optim.make_optimizer(experiment.optimizer, schedule)
+        # it evaluates (schedule-free AdamW; the run had no fine-tuning groups: its entry
+        # refuses them).
+        tx = optim.make_optimizer(experiment.optimizer, experiment.schedule)
         targets["opt_state"] = jax.eval_shape(tx.init, target)
     checkpointer = Checkpointer(run.path, read_only=True)
     try:
@@ -91,6 +92,7 @@ def load_trained(workdir: str | os.PathLike) -> TrainedModel:
         checkpointer.close()
     params = parts["params"]
     if "opt_state" in parts:
-        params = jax.jit(optim.evaluation_params)(parts["opt_state"], params)
+        evaluate = functools.partial(optim.evaluation_params, experiment.optimizer)
+        params = jax.jit(evaluate)(parts["opt_state"], params)
     params = jax.device_put(params)  # on device once, not per call
     return TrainedModel(config, tokenizer, model, params, step, experiment)
