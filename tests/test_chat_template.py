@@ -549,7 +549,10 @@ def test_a_block_that_leaves_the_end_of_turn_out_is_refused(llama3):
 
 
 def test_a_template_without_an_end_of_turn_is_refused(chatml):
-    plain = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    plain = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     for train_on in ("assistant", "last", "all"):
         encoder = ChatEncoder(ChatTemplate(plain, CHATML_TOKENS), chatml.tokenizer, train_on)
         with pytest.raises(
@@ -586,17 +589,25 @@ def test_a_merge_across_a_turns_edge_is_refused_naming_the_turn(chatml, smollm2)
             assert whole.ids.tolist() == _their_ids(case.theirs(), messages, False)
 
 
-def test_a_template_that_rewrites_history_is_refused(chatml):
+def test_a_template_that_rewrites_history_trains_the_turns_as_written(chatml):
     """A template that writes an earlier assistant turn differently once more follows (as
-    reasoning templates drop old thoughts) cannot be split into turns by prefixes."""
+    Qwen3 drops old thoughts) has each turn found from the finished conversation: the turn
+    ends where the next message's rendering begins, and what it trains is the turn as the
+    whole conversation writes it (the rewritten '...' included), never the next user's."""
     rewrites = CHATML.replace(
         "message['content'] + '<|im_end|>'",
         "(message['content'] if loop.last or message['role'] != 'assistant' else '...')"
         " + '<|im_end|>'",
     )
     encoder = ChatEncoder(ChatTemplate(rewrites, CHATML_TOKENS), chatml.tokenizer)
-    with pytest.raises(ChatError, match=r"writes messages\[:3\] differently.*messages\[2\]"):
-        encoder.encode(CONVERSATIONS["several_turns"])
+    example = encoder.encode(CONVERSATIONS["several_turns"])
+    assert _runs(chatml, example) == ["...<|im_end|>\n"] * 2 + ["You're welcome.<|im_end|>\n"]
+
+
+def _runs(case, example) -> list[str]:
+    """The text of each run of trained tokens."""
+    edges = np.flatnonzero(np.diff(np.r_[0, example.mask.astype(int), 0]))
+    return [case.text(example.ids[a:b]) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
 def test_a_control_token_in_a_message_is_dropped_with_a_reason(chatml):

@@ -172,7 +172,7 @@ def held_out(encoder: ChatEncoder, conversations: Sequence[Conversation]) -> lis
     return [
         HeldOut(
             c,
-            tuple(encoder.prompt_ids(c.prompt, where=c.where))
+            tuple(encoder.prompt_ids(c.prompt, where=c.where, tools=c.tools))
             if c.reply is not None and c.prompt
             else (),
             encoder.stop_ids,
@@ -204,7 +204,9 @@ def _cut(
 
     def too_long(i: int) -> bool:
         if i not in encoded:
-            encoded[i] = encoder.encode(messages[: ends[i]], where=conversation.where)
+            encoded[i] = encoder.encode(
+                messages[: ends[i]], where=conversation.where, tools=conversation.tools
+            )
         return not _fits(encoded[i], max_len)
 
     # The first prefix that does not fit; the one before it is the longest that does.
@@ -234,7 +236,9 @@ def encode_conversations(
     """
     examples, kept, counts = [], [], ChatCounts()
     for conversation in conversations:
-        example = encoder.encode(conversation.messages, where=conversation.where)
+        example = encoder.encode(
+            conversation.messages, where=conversation.where, tools=conversation.tools
+        )
         if example.drop_reason:
             counts.drop(_drop_name(example.drop_reason), conversation.where, example.drop_reason)
             continue

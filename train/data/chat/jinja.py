@@ -155,9 +155,14 @@ def render(source: str, variables: dict[str, Any]) -> tuple[str, tuple[tuple[int
     return "".join(pieces), tuple(spans)
 
 
+def parse(source: str) -> jinja2.nodes.Template:
+    """A template's syntax tree, parsed in transformers' environment."""
+    return compile_template(source).environment.parse(source)
+
+
 def has_generation_blocks(source: str) -> bool:
     """Whether a template holds a `{% generation %}` block."""
-    ast = compile_template(source).environment.parse(source)
+    ast = parse(source)
     return any(
         isinstance(node.call.node, jinja2.nodes.ExtensionAttribute)
         and node.call.node.identifier == _Generation.identifier
@@ -168,7 +173,7 @@ def has_generation_blocks(source: str) -> bool:
 def literal_text(source: str) -> str:
     """A template's literal strings (its text and its string constants), '\\0'-joined: the
     control tokens it can write are found in it."""
-    ast = compile_template(source).environment.parse(source)
+    ast = parse(source)
     parts = {node.data for node in ast.find_all(jinja2.nodes.TemplateData)}
     parts |= {n.value for n in ast.find_all(jinja2.nodes.Const) if isinstance(n.value, str)}
     return "\0".join(sorted(parts))

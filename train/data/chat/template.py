@@ -14,7 +14,9 @@ transformers reads the first two in the same order (a `chat_template.jinja` wins
 config's entry).
 
 Rendering (`ChatTemplate.render`) is transformers' (`train.data.chat.jinja`). The template
-sees `messages`, `tools` and `documents` (None), `add_generation_prompt`, and the tokenizer's
+sees `messages`, `tools` (the conversation's list of tool schemas, or None, as
+`apply_chat_template(tools=...)` passes it), `documents` (None), `add_generation_prompt`,
+and the tokenizer's
 named special tokens (`bos_token`, `eos_token`, `unk_token`, `sep_token`, `pad_token`,
 `cls_token`, `mask_token`, where the tokenizer has them), as transformers 5 passes them;
 lists of extra tokens (`additional_special_tokens`) are not variables there, so they are not
@@ -122,23 +124,30 @@ class ChatTemplate:
         return chat_jinja.literal_text(self.source)
 
     def render(
-        self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = False
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        add_generation_prompt: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> Rendered:
         """The text the template writes for `messages`, and its generation spans.
 
         Args:
             messages: `{role, content}` dicts (checked by the caller: `train.data.chat.encoding`).
             add_generation_prompt: end with the opening of an assistant turn (for sampling).
+            tools: the tools' JSON schemas (`train.formats.corpora.conversations.check_tools`),
+                or None.
 
         Raises:
-            jinja2.TemplateError: the template refused the conversation (its
-                `raise_exception`) or failed on it; the caller names the conversation.
+            Exception: whatever the template raises: `jinja2.TemplateError` where it refuses
+                the conversation (its `raise_exception`), a TypeError where it loops over
+                tools it was not given...; the caller names the conversation.
         """
         text, spans = chat_jinja.render(
             self.source,
             {
                 "messages": [dict(m) for m in messages],
-                "tools": None,
+                "tools": None if tools is None else [dict(t) for t in tools],
                 "documents": None,
                 "add_generation_prompt": add_generation_prompt,
                 **self.special_tokens,

@@ -5,11 +5,16 @@ a JSON line or a Hugging Face row with `messages`, or with `prompt` and `complet
     {"prompt": "Hi", "completion": "Hello"}
     {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
      "completion": [{"role": "assistant", "content": "Hello"}]}
+    {"messages": [...], "tools": [{"type": "function", "function": {"name": ..., ...}}]}
 
 A string prompt is one user message, a string completion one assistant message; message
 lists are taken as they are (TRL's conversational prompt-completion). Which tokens are
-trained is `--config.train_on`'s choice either way (`TRAIN_ON`, `train.data.chat.encoding`). Other
-keys of a record, and of a message, are not read.
+trained is `--config.train_on`'s choice either way (`TRAIN_ON`, `train.data.chat.encoding`).
+A record's `tools` (TRL's `tools` column: a list of JSON schemas, or that list as a JSON
+string) is handed to the chat template as transformers' `apply_chat_template(tools=...)`
+hands it: templates of tool-using models (Hermes, Command-R, Qwen3) write the tools into
+the system turn, and some of them cannot render a conversation without it. Other keys of a
+record, and of a message, are not read.
 
 This module is plain Python (no template engine, no tokenizer): the corpus table and the
 config sections read it, and `train.data.chat.encoding` renders what it checks.
@@ -28,7 +33,7 @@ ROLES = ("system", "user", "assistant")
 # (`train.data.chat.encoding`).
 TRAIN_ON = ("assistant", "last", "all")
 # The record keys a conversation is read from, as the errors name them.
-MESSAGES, PROMPT, COMPLETION = "messages", "prompt", "completion"
+MESSAGES, PROMPT, COMPLETION, TOOLS = "messages", "prompt", "completion", "tools"
 
 
 class ChatError(ValueError):
@@ -65,6 +70,38 @@ def check_messages(messages: Any, where: str) -> list[dict[str, str]]:
     return out
 
 
+def check_tools(tools: Any, where: str) -> tuple[dict[str, Any], ...] | None:
+    """A conversation's `tools` as a tuple of dicts (None: no tools, as a template sees it).
+
+    Args:
+        tools: None, a list of JSON objects (the tools' schemas), or that list as a JSON
+            string (how some datasets store the column).
+        where: the conversation, as errors name it.
+
+    Raises:
+        ChatError: anything else (naming `where` and what was found).
+    """
+    if tools is None:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools) if tools.strip() else None
+        except json.JSONDecodeError as err:
+            raise ChatError(
+                f"{where}: field {TOOLS!r} is a string that is not JSON ({err.msg} at "
+                f"column {err.colno}); give a list of tool schemas."
+            ) from None
+        if tools is None:
+            return None
+    if not isinstance(tools, (list, tuple)) or not all(isinstance(t, Mapping) for t in tools):
+        raise ChatError(
+            f"{where}: field {TOOLS!r} must be a list of tool schemas (JSON objects, "
+            f"{{'type': 'function', 'function': {{...}}}}), got {type(tools).__name__}"
+            f"{'' if not isinstance(tools, (list, tuple)) else ' holding non-objects'}."
+        )
+    return tuple(dict(t) for t in tools)
+
+
 @dataclasses.dataclass(frozen=True, eq=True)
 class Conversation:
     """One conversation, checked, as a corpus holds it (text: rendering and tokenizing are
@@ -77,14 +114,18 @@ class Conversation:
             (`train.formats.corpora.splits`): the messages as JSON, or what the corpus says
             (the chat made of the KJV -> WEB pairs keys a verse as the pair does, so both
             tasks hold out the same verses).
+        tools: the tools the template is given (`check_tools`), or None.
     """
 
     messages: tuple[Mapping[str, str], ...]
     where: str = "a conversation"
     split_key: str = ""
+    tools: tuple[Mapping[str, Any], ...] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "messages", tuple(self.messages))
+        if self.tools is not None:
+            object.__setattr__(self, "tools", tuple(self.tools))
         if not self.split_key:
             key = json.dumps([[m["role"], m["content"]] for m in self.messages], ensure_ascii=False)
             object.__setattr__(self, "split_key", key)
@@ -125,7 +166,7 @@ def conversation_of(record: Any, where: str, split_key: str = "") -> Conversatio
     Raises:
         ChatError: a record that is not an object, holds neither `messages` nor `prompt`
             and `completion` (or both kinds), or a field that is not what it must be
-            (naming `where` and the field).
+            (`tools` included; naming `where` and the field).
     """
     if not isinstance(record, Mapping):
         raise ChatError(
@@ -150,4 +191,5 @@ def conversation_of(record: Any, where: str, split_key: str = "") -> Conversatio
             f"{where}: no field {missing!r}; a conversation is {{{MESSAGES!r}: [...]}} or "
             f"{{{PROMPT!r}: ..., {COMPLETION!r}: ...}} (it has {sorted(record)})."
         )
-    return Conversation(tuple(messages), where, split_key)
+    tools = check_tools(record.get(TOOLS), where)
+    return Conversation(tuple(messages), where, split_key, tools)
