@@ -306,7 +306,8 @@ class TransformerConfig:
     # 'o' (self- and cross-attention), feed-forward 'up', 'down', and 'gate' (swiglu, geglu).
     # ('q', 'v'): the paper's choice
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    # QK-norm (Dehghani et al. 2023; OLMo 2, Qwen3, the modded-nanogpt speedrun): every
+    # QK-norm, per head (Dehghani et al. 2023; Qwen3's form, the modded-nanogpt speedrun;
+    # not OLMo 2's, which normalizes q and k across all heads with (N*H,) weights): every
     # attention (self and cross) puts each head's queries and keys through RMSNorm over the
     # head width H before the scores (before rotary positions, so cached keys are stored
     # normalised), with learned scales `query_norm_scale`, `key_norm_scale` `(H,)` shared
