@@ -35,7 +35,6 @@ from flax_transformer.checks.tokens import check_packing, check_segment_ids, che
 from flax_transformer.checks.traced import runtime_check
 from flax_transformer.config import TransformerConfig
 from flax_transformer.functional.masks import cross_attention_mask, self_attention_mask
-from flax_transformer.functional.positions import segment_positions
 from flax_transformer.layers import Embed
 
 
@@ -46,10 +45,10 @@ def _packed_positions(
     config: TransformerConfig,
     names: tuple[str, str, str],
 ) -> jax.Array | None:
-    """Check a packed row's segment ids and positions (`checks.tokens.check_packing`) and
-    return the positions to use: the given ones, else `segment_positions(segment_ids_BT)`
+    """Check a packed row's segment ids and positions and return the positions to use
+    (`checks.tokens.check_packing`): the given ones, else `segment_positions(segment_ids_BT)`
     when the row is packed, else None (the stack numbers 0..T-1)."""
-    check_packing(
+    return check_packing(
         tokens_BT,
         segment_ids_BT,
         positions_BT,
@@ -58,9 +57,6 @@ def _packed_positions(
         names,
         debug_checks=config.debug_checks,
     )
-    if positions_BT is None and segment_ids_BT is not None:
-        return segment_positions(segment_ids_BT)
-    return positions_BT
 
 
 def _extend_decoder(
