@@ -148,6 +148,23 @@ def _check_lora(config: Any) -> None:
     object.__setattr__(config, "lora_targets", targets)
 
 
+def check_attention_attributes(module: Any) -> None:
+    """The checks of the config fields a `MultiHeadAttention` takes as attributes, run on
+    the module's own values, with the config's messages naming the attribute
+    (`MultiHeadAttention.qk_norm_eps=0.0 must be > 0.`): a module built without a config
+    is refused what a config would refuse. (Head counts and the dropout rate are checked
+    by the module's call, the LoRA fields by `layers.lora`.)"""
+    owner = type(module).__name__
+    for name in ("cross", "use_bias", "rope", "qk_norm"):
+        _check_bool(module, name)
+    _check_real(module, "init_std", "> 0", lambda v: v > 0)
+    _check_real(module, "qk_norm_eps", "> 0", lambda v: v > 0)
+    _check_real(module, "rope_base", "> 0", lambda v: v > 0)
+    impls = _LAYER_CHOICES["attention_impl"]
+    if module.impl not in impls:
+        raise ValueError(f"{owner}.impl={module.impl!r} is not one of {impls}.")
+
+
 def _check_real(config: Any, name: str, bounds: str, within) -> None:
     """A finite real number (not a bool or a string) for which `within` holds."""
     value = getattr(config, name)

@@ -51,7 +51,11 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.checks.arguments import as_array, check_floating, check_int
-from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
+from flax_transformer.config import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_TARGETS,
+    check_attention_attributes,
+)
 from flax_transformer.functional import RMS_NORM_EPS, apply_rope, broadcast_mask, project, rms_norm
 from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
@@ -270,6 +274,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check_call(self, fn, x_q, x_kv, cache) -> tuple[int, int, int]:
         """Shapes, dtypes and head counts, before any parameter is made: `(B, T, D)`."""
+        check_attention_attributes(self)
         if jnp.ndim(x_q) != 3:
             raise ValueError(f"{fn}: x_q must be (B, T, D), got shape {jnp.shape(x_q)}.")
         check_floating(fn, "x_q", x_q)
