@@ -292,7 +292,6 @@ def test_check_packing_returns_the_positions_to_use():
     assert functional_positions is segment_positions
 
 
-
 @VARIANTS
 def test_segment_mask_golden(variant):
     q, k = jnp.array([1, 1, 2, 0]), jnp.array([1, 2, 2, 0, 1])

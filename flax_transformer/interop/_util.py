@@ -76,12 +76,17 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
     # None of the sources (torch's stacks, GPT-2, Llama) has these: importing into them
     # would fail on the missing scales, or, for the parameter-free cap, silently compute
     # another function than the source's.
-    speedrun = {"qk_norm": config.qk_norm, "logits_soft_cap": config.logits_soft_cap}
+    speedrun = {
+        "qk_norm": config.qk_norm,
+        "logits_soft_cap": config.logits_soft_cap,
+        "attn_logit_softcapping": config.attn_logit_softcapping,
+    }
     kept = [f"{name}={value!r}" for name, value in speedrun.items() if value]
     if kept:
         raise ValueError(
             f"the imported model has no QK-norm and no logit soft-capping, but the config has "
-            f"{', '.join(kept)}; import with qk_norm=False and logits_soft_cap=0.0."
+            f"{', '.join(kept)}; import with qk_norm=False, logits_soft_cap=0.0 and "
+            "attn_logit_softcapping=None."
         )
     expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), *args)))
     want = traverse_util.flatten_dict(expected["params"], sep="/")

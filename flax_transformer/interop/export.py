@@ -18,7 +18,8 @@ What GPT-2 can hold, and how our options map onto it:
   `transformers` where there is padding).
 
 Anything else (RMSNorm, gated feed-forward, post-norm, missing biases, a logits bias,
-QK-norm, logit soft-capping) has no GPT-2 equivalent and is refused with the field named.
+QK-norm, logit or attention-logit soft-capping) has no GPT-2 equivalent and is refused
+with the field named.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def _check_gpt2_compatible(config: TransformerConfig) -> None:
         "output_bias": (False, config.output_bias),
         "qk_norm": (False, config.qk_norm),
         "logits_soft_cap": (0.0, config.logits_soft_cap),
+        "attn_logit_softcapping": (None, config.attn_logit_softcapping),
     }
     num_kv_heads = getattr(config, "num_kv_heads", None)  # grouped-query attention
     if num_kv_heads not in (None, config.num_heads):

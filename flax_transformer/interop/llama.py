@@ -237,6 +237,7 @@ def _check_llama_compatible(config: TransformerConfig) -> None:
         "output_bias": (False, config.output_bias),
         "qk_norm": (False, config.qk_norm),
         "logits_soft_cap": (0.0, config.logits_soft_cap),
+        "attn_logit_softcapping": (None, config.attn_logit_softcapping),
     }
     bad = [f"{k}={have!r} (needs {want!r})" for k, (want, have) in wanted.items() if want != have]
     if config.activation not in _HF_ACTIVATIONS:

@@ -97,6 +97,10 @@ class MultiHeadAttention(nn.Module):
         projections and before rotary positions, with learned scales `query_norm_scale`,
         `key_norm_scale` `(H,)` (init 1) shared by the heads. False: none, no parameters.
       qk_norm_eps: its epsilon (RMS_NORM_EPS = 1e-6; the blocks pass `layer_norm_eps`).
+      attn_logit_softcapping: Gemma 2's attention-logit soft-capping: the scaled scores
+        become `c * tanh(scores / c)` before the mask and the softmax; a finite number > 0,
+        or None (off). Run by impl 'xla' and 'blocked' and over a cache; 'jax_nn',
+        'splash' and 'cudnn' refuse it with a ValueError.
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, K, L, H), 'v': (B, K, L, H)}` for L slots;
@@ -126,6 +130,7 @@ class MultiHeadAttention(nn.Module):
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     qk_norm: bool = False
     qk_norm_eps: float = RMS_NORM_EPS
+    attn_logit_softcapping: float | None = None
 
     def _adapted(self, kernel: jax.Array, names, parts, in_axes: int = 1) -> jax.Array:
         """The kernel in `dtype`, plus its LoRA updates where targeted (`layers.lora`)."""
@@ -249,6 +254,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rng=self.make_rng("dropout") if use_dropout else None,
             need_weights=self.is_mutable_collection("intermediates"),
             fn="MultiHeadAttention",
+            logit_softcap=self.attn_logit_softcapping,
         )
         if weights_BNTS is not None:
             self.sow("intermediates", "attention_weights", weights_BNTS)
