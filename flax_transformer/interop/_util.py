@@ -108,6 +108,20 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
     return {"params": traverse_util.unflatten_dict(cast, sep="/")}
 
 
+def check_tied_head(model: Any, embedding: Any, config: TransformerConfig, fn: str) -> None:
+    """ValueError if the config ties the output to the embedding but the source model has
+    an output layer of its own (`lm_head`) that differs from it: it would go unread."""
+    head = getattr(model, "lm_head", None)
+    if not config.tie_output_embedding or head is None:
+        return
+    if not np.array_equal(to_numpy(head, "lm_head"), to_numpy(embedding, "embedding")):
+        raise ValueError(
+            f"{fn}: the source model's lm_head differs from its token embedding (an untied "
+            "output layer), but the config has tie_output_embedding=True, which would leave "
+            "lm_head unread; import with tie_output_embedding=False."
+        )
+
+
 def dummy_tokens() -> jax.Array:
     """A `(1, 1)` token batch to trace `model.init` with."""
     return jnp.zeros((1, 1), jnp.int32)

@@ -36,6 +36,7 @@ from flax import linen as nn
 
 from flax_transformer.config import TransformerConfig
 from flax_transformer.functional.positions import sinusoidal_positions
+from flax_transformer.models import DecoderOnlyTransformer, check_param_paths
 
 # Our activation names -> transformers' `activation_function`.
 _HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
@@ -115,6 +116,9 @@ def gpt2_tensors(config: TransformerConfig, variables: Any) -> dict[str, np.ndar
             f"export_gpt2 needs DecoderOnlyTransformer parameters (embed, decoder), got "
             f"{sorted(params)}."
         )
+    # Entries the config does not use (QK-norm scales, LoRA adapters, biases...) would be
+    # left out of the file without a word.
+    check_param_paths(DecoderOnlyTransformer(config), params, "export_gpt2", missing_too=True)
     arr = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
     d, n, h = config.d_model, config.num_heads, config.head_dim
     decoder = params["decoder"]
