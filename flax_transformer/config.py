@@ -95,6 +95,7 @@ def _check_layer_fields(config: Any, choices: dict[str, tuple[str, ...]]) -> Non
                 "pick a divisor of num_heads (num_heads: multi-head, 1: multi-query attention)."
             )
     _check_lora(config)
+    _check_softcapping(config, "attention_impl")
     base = config.rope_base
     if isinstance(base, bool) or not isinstance(base, int | float) or not math.isfinite(base):
         raise ValueError(f"{owner}.rope_base={base!r} must be a finite number > 0.")
@@ -146,6 +147,45 @@ def _check_lora(config: Any) -> None:
             "gate kernel (only 'swiglu' and 'geglu' do); remove 'gate' or use 'up'/'down'."
         )
     object.__setattr__(config, "lora_targets", targets)
+
+
+def check_attention_attributes(module: Any) -> None:
+    """The checks of the config fields a `MultiHeadAttention` takes as attributes, run on
+    the module's own values, with the config's messages naming the attribute
+    (`MultiHeadAttention.qk_norm_eps=0.0 must be > 0.`): a module built without a config
+    is refused what a config would refuse. (Head counts and the dropout rate are checked
+    by the module's call, the LoRA fields by `layers.lora`.)"""
+    owner = type(module).__name__
+    for name in ("cross", "use_bias", "rope", "qk_norm"):
+        _check_bool(module, name)
+    _check_real(module, "init_std", "> 0", lambda v: v > 0)
+    _check_real(module, "qk_norm_eps", "> 0", lambda v: v > 0)
+    _check_real(module, "rope_base", "> 0", lambda v: v > 0)
+    impls = _LAYER_CHOICES["attention_impl"]
+    if module.impl not in impls:
+        raise ValueError(f"{owner}.impl={module.impl!r} is not one of {impls}.")
+    _check_softcapping(module, "impl")
+
+
+# The attention implementations that soft-cap attention logits (layers.attention_op has
+# the same tuple; the config cannot import layers).
+_SOFTCAP_IMPLS = ("xla", "blocked")
+
+
+def _check_softcapping(config: Any, impl_field: str) -> None:
+    """`attn_logit_softcapping`: None (off) or a finite number > 0, and an implementation
+    that runs it (the fused kernels cannot)."""
+    if config.attn_logit_softcapping is None:
+        return
+    _check_real(config, "attn_logit_softcapping", "> 0 (None = off)", lambda v: v > 0)
+    impl = getattr(config, impl_field)
+    if impl not in _SOFTCAP_IMPLS:
+        raise ValueError(
+            f"{type(config).__name__}.attn_logit_softcapping={config.attn_logit_softcapping!r} "
+            f"needs an attention that soft-caps its scores, but {impl_field}={impl!r} is a "
+            f"fused kernel that cannot; use {impl_field} in {_SOFTCAP_IMPLS}, or set "
+            "attn_logit_softcapping=None."
+        )
 
 
 def _check_real(config: Any, name: str, bounds: str, within) -> None:
@@ -212,6 +252,7 @@ class LayerConfig:
     lora_alpha: float = DEFAULT_LORA_ALPHA  # LoRA scale alpha / r (see TransformerConfig)
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS  # adapted projections
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (see TransformerConfig)
+    attn_logit_softcapping: float | None = None  # attention-score cap (see TransformerConfig)
 
     def __post_init__(self):
         _check_layer_fields(self, _LAYER_CHOICES)
@@ -306,7 +347,8 @@ class TransformerConfig:
     # 'o' (self- and cross-attention), feed-forward 'up', 'down', and 'gate' (swiglu, geglu).
     # ('q', 'v'): the paper's choice
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
-    # QK-norm (Dehghani et al. 2023; OLMo 2, Qwen3, the modded-nanogpt speedrun): every
+    # QK-norm, per head (Dehghani et al. 2023; Qwen3's form, the modded-nanogpt speedrun;
+    # not OLMo 2's, which normalizes q and k across all heads with (N*H,) weights): every
     # attention (self and cross) puts each head's queries and keys through RMSNorm over the
     # head width H before the scores (before rotary positions, so cached keys are stored
     # normalised), with learned scales `query_norm_scale`, `key_norm_scale` `(H,)` shared
@@ -316,6 +358,11 @@ class TransformerConfig:
     # Logit soft-capping (Gemma 2, the speedrun): logits = cap * tanh(logits / cap), applied
     # to the output logits (after `output_bias`), so every logit lies in (-cap, cap); 0 = off
     logits_soft_cap: float = 0.0
+    # Attention-logit soft-capping (Gemma 2's `attn_logit_softcapping`, 50.0 there): in every
+    # attention the scaled scores become c * tanh(scores / c) before the mask and softmax.
+    # None = off. attention_impl 'xla' and 'blocked' run it (and cached decoding); the fused
+    # 'jax_nn', 'splash', 'cudnn' cannot, and are refused with it
+    attn_logit_softcapping: float | None = None
 
     def __post_init__(self):
         _check_layer_fields(self, _CHOICES)

@@ -22,11 +22,17 @@ models run exactly as before.
 
 from __future__ import annotations
 
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from flax import traverse_util
 
 from flax_transformer.blocks import Decoder, Encoder
 from flax_transformer.cache import cache_length, check_cache_kind, check_cache_room
@@ -35,7 +41,6 @@ from flax_transformer.checks.tokens import check_packing, check_segment_ids, che
 from flax_transformer.checks.traced import runtime_check
 from flax_transformer.config import TransformerConfig
 from flax_transformer.functional.masks import cross_attention_mask, self_attention_mask
-from flax_transformer.functional.positions import segment_positions
 from flax_transformer.layers import Embed
 
 
@@ -46,10 +51,10 @@ def _packed_positions(
     config: TransformerConfig,
     names: tuple[str, str, str],
 ) -> jax.Array | None:
-    """Check a packed row's segment ids and positions (`checks.tokens.check_packing`) and
-    return the positions to use: the given ones, else `segment_positions(segment_ids_BT)`
+    """Check a packed row's segment ids and positions and return the positions to use
+    (`checks.tokens.check_packing`): the given ones, else `segment_positions(segment_ids_BT)`
     when the row is packed, else None (the stack numbers 0..T-1)."""
-    check_packing(
+    return check_packing(
         tokens_BT,
         segment_ids_BT,
         positions_BT,
@@ -58,9 +63,6 @@ def _packed_positions(
         names,
         debug_checks=config.debug_checks,
     )
-    if positions_BT is None and segment_ids_BT is not None:
-        return segment_positions(segment_ids_BT)
-    return positions_BT
 
 
 def _extend_decoder(
@@ -114,6 +116,95 @@ def _extend_decoder(
     }
 
 
+# Parameter paths a config option adds, and the option to name when a tree holds them but
+# the config does not: first match wins.
+_PARAM_HINTS = (
+    (r"(query|key)_norm_scale$", "qk_norm=True"),
+    (r"(^|/)lora_", "lora_rank > 0 (with lora_targets naming that projection)"),
+    (r"(^|/)logits/kernel$", "tie_output_embedding=False"),
+    (r"(^|/)logits(/|_)bias$", "output_bias=True"),
+    (r"^target_embed/", "share_embeddings=False"),
+    (r"(^|/)positions/pos_embedding$", "positional='learned'"),
+    (r"(^|/)ffn/wg_", "activation='swiglu' or 'geglu'"),
+    (r"attention/\w+_bias$", "attention_bias=True (or use_bias=True)"),
+    (r"ffn/\w+_bias$", "ffn_bias=True (or use_bias=True)"),
+    (r"norm\w*/bias$", "norm='layernorm' with norm_bias=True (or use_bias=True)"),
+    (
+        r"attention/(qkv|query|kv)_kernel$",
+        "num_kv_heads (qkv_kernel: K = N heads; "
+        "query_kernel + kv_kernel: K < N, or cross-attention)",
+    ),
+    (r"(^|/)final_norm/", "final_norm=True"),
+    (
+        r"(^|/)layers_\d+/",
+        "num_layers (or num_encoder_layers / num_decoder_layers), or scan_layers=False",
+    ),
+    (r"(^|/)layers/", "scan_layers=True"),
+)
+
+
+def _param_hint(path: str) -> str:
+    for pattern, hint in _PARAM_HINTS:
+        if re.search(pattern, path):
+            return hint
+    return "another model's parameters"
+
+
+@functools.lru_cache(maxsize=64)
+def _expected_param_paths(model_type: type, config: TransformerConfig) -> frozenset[str]:
+    """The 'params' paths `model_type(config).init` builds, from `jax.eval_shape` (nothing
+    computed), once per (model, config): the tree depends on neither input shape nor
+    `debug_checks`, so a `(1, 1)` dummy batch traces it."""
+    model = model_type(config.replace(debug_checks=False))
+    tokens = jnp.zeros((1, 1), jnp.int32)
+    args = (tokens, tokens) if model_type is Transformer else (tokens,)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), *args))
+    return frozenset(traverse_util.flatten_dict(nn.unbox(shapes["params"]), sep="/"))
+
+
+def check_param_paths(model: nn.Module, params: Any, fn: str, *, missing_too: bool = False) -> None:
+    """ValueError if `params` (a 'params' tree) holds entries `model` does not use.
+
+    Flax ignores entries a model never reads, so parameters trained with an option
+    (`qk_norm`, LoRA, biases, an untied head, ...) would apply without error to a model
+    built without it, their learned values unused. The paths are compared with those of
+    `model.init` (`jax.eval_shape`, cached per config): at trace time under `jit`, nothing
+    per step. `missing_too` also names the paths the model needs that `params` lacks
+    (flax reports those itself, at the first one read).
+
+    Raises:
+      ValueError: naming the extra (and missing) paths and the config option that would
+        use each.
+    """
+    have = traverse_util.flatten_dict(params, sep="/") if isinstance(params, Mapping) else {}
+    if not have and not missing_too:
+        return
+    want = _expected_param_paths(type(model), model.config)
+    extra = sorted(set(have) - want)
+    missing = sorted(want - set(have)) if missing_too else []
+    if not extra and not missing:
+        return
+    name = type(model).__name__
+    parts = []
+    if extra:
+        hints = sorted({_param_hint(path) for path in extra})
+        shown = ", ".join(extra[:8]) + (f", ... ({len(extra)} in all)" if len(extra) > 8 else "")
+        parts.append(
+            f"params hold {len(extra)} entries {name}(config) does not use: {shown}; they "
+            f"would be ignored without a word. The config option that uses them: "
+            f"{'; '.join(hints)}. Build the model with the config the parameters were "
+            "trained with, or drop those entries"
+        )
+    if missing:
+        parts.append(f"params lack {len(missing)} entries {name}(config) needs: {missing[:8]}")
+    raise ValueError(f"{fn}: " + "; and ".join(parts) + ".")
+
+
+def _params_of(variables: Any) -> Any:
+    """The 'params' collection of `apply`'s variables, or None (flax reports its absence)."""
+    return variables.get("params") if isinstance(variables, Mapping) else None
+
+
 def _embed(cfg: TransformerConfig, vocab_size: int, name: str) -> Embed:
     """A token embedding of the config's width, init and dtypes."""
     return Embed(
@@ -136,6 +227,13 @@ class Transformer(nn.Module):
     """
 
     config: TransformerConfig
+
+    @nn.nowrap
+    def apply(self, variables, *args, **kwargs):
+        """`nn.Module.apply`, after checking that `variables['params']` holds nothing this
+        config does not use (`check_param_paths`; trace time only under `jit`)."""
+        check_param_paths(self, _params_of(variables), f"{type(self).__name__}.apply")
+        return super().apply(variables, *args, **kwargs)
 
     def setup(self):
         cfg = self.config
@@ -339,6 +437,13 @@ class DecoderOnlyTransformer(nn.Module):
     """
 
     config: TransformerConfig
+
+    @nn.nowrap
+    def apply(self, variables, *args, **kwargs):
+        """`nn.Module.apply`, after checking that `variables['params']` holds nothing this
+        config does not use (`check_param_paths`; trace time only under `jit`)."""
+        check_param_paths(self, _params_of(variables), f"{type(self).__name__}.apply")
+        return super().apply(variables, *args, **kwargs)
 
     def setup(self):
         cfg = self.config

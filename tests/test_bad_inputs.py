@@ -358,6 +358,31 @@ def test_out_of_range_values_are_refused(call, match):
         call()
 
 
+@pytest.mark.parametrize(
+    "attribute, field, value, match",
+    [
+        ("qk_norm_eps", "layer_norm_eps", 0.0, r"qk_norm_eps=0.0 must be > 0"),
+        ("qk_norm_eps", "layer_norm_eps", float("nan"), r"qk_norm_eps=nan must be a finite"),
+        ("qk_norm", "qk_norm", "yes", r"qk_norm='yes' must be True or False, got str"),
+        ("use_bias", "use_bias", 1, r"use_bias=1 must be True or False, got int"),
+        ("init_std", "init_std", -0.02, r"init_std=-0.02 must be > 0"),
+        ("rope_base", "rope_base", 0.0, r"rope_base=0.0 must be"),
+        ("impl", "attention_impl", "flash", r"impl='flash' is not one of"),
+    ],
+)
+def test_attention_module_attributes_get_the_config_fields_checks(attribute, field, value, match):
+    """MultiHeadAttention built without a config is refused what the config refuses, with
+    the same message naming its own attribute (before: qk_norm_eps=0.0 failed inside
+    rms_norm as 'eps=0.0', and qk_norm='yes' was taken as True)."""
+    x = jnp.ones((1, 3, 8))
+    with pytest.raises(ValueError, match=r"MultiHeadAttention\." + match):
+        MultiHeadAttention(num_heads=2, **{"qk_norm": True, attribute: value}).init(
+            jax.random.key(0), x
+        )
+    with pytest.raises(ValueError, match=r"TransformerConfig\." + field):
+        TransformerConfig(**{field: value})
+
+
 def test_pad_id_must_be_an_int():
     with pytest.raises(ValueError, match=r"pad_id=0.5 must be an int token id"):
         TransformerConfig(pad_id=0.5)

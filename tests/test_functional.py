@@ -30,6 +30,7 @@ from flax_transformer.functional import (
     multi_head_attention,
     padding_mask,
     project,
+    rms_norm,
     simple_self_attention,
     sinusoidal_positions,
 )
@@ -326,6 +327,33 @@ class Float64Test(chex.TestCase):
             check_grads(jax.jit(f), (q, k, v), order=2, modes=["rev"])
             single = lambda q, k, v: dot_product_attention(q, k, v, causal_mask(5))
             check_grads(jax.jit(single), (q[0, :, 0], k[0, :5, 0], v[0, :5, 0]), 1)
+
+    def test_norms_keep_float64_statistics_for_float64_inputs(self):
+        """layer_norm and rms_norm of float64 inputs agree with a float64 numpy reference to
+        float64 rounding (computed in float32 they were off by ~1e-7 relative)."""
+        rng = np.random.default_rng(0)
+        # A large common offset: float32 statistics lose the small variations around it.
+        x = 1000.0 + rng.normal(size=(3, 16))
+        scale, bias = rng.normal(size=16), rng.normal(size=16)
+        eps = 1e-5
+        centred = x - x.mean(-1, keepdims=True)
+        want_ln = centred / np.sqrt((centred**2).mean(-1, keepdims=True) + eps) * scale + bias
+        want_rms = x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * scale
+        with _enable_x64():
+            args = [jnp.asarray(a, jnp.float64) for a in (x, scale, bias)]
+            for fn in (lambda *a: layer_norm(*a, eps), jax.jit(lambda *a: layer_norm(*a, eps))):
+                got = fn(*args)
+                chex.assert_type(got, jnp.float64)
+                np.testing.assert_allclose(got, want_ln, rtol=1e-10, atol=1e-10)
+            got = rms_norm(args[0], args[1], eps)
+            chex.assert_type(got, jnp.float64)
+            np.testing.assert_allclose(got, want_rms, rtol=1e-12, atol=1e-12)
+            # float32 and bfloat16 inputs still compute their statistics in float32.
+            x32 = jnp.asarray(rng.normal(size=(2, 16)), jnp.float32)
+            chex.assert_type(rms_norm(x32, None), jnp.float32)
+            bf = layer_norm(x32.astype(jnp.bfloat16), None, None)
+            ref = layer_norm(x32.astype(jnp.bfloat16).astype(jnp.float32), None, None)
+            np.testing.assert_array_equal(bf, ref.astype(jnp.bfloat16))
 
 
 class MasksTest(chex.TestCase):

@@ -272,6 +272,26 @@ def test_segment_positions_restart_in_each_segment(variant):
     chex.assert_trees_all_equal(got_T, jnp.array([0, 1, 0, 1, 2, 0], jnp.int32))
 
 
+def test_check_packing_returns_the_positions_to_use():
+    """`checks.tokens.check_packing` returned these before the 2026-12-04 move and None
+    after it (code that read them got None without an error): the return is back."""
+    from flax_transformer.checks.tokens import check_packing
+    from flax_transformer.functional import segment_positions as functional_positions
+
+    tokens = jnp.array([[5, 6, 7, 8, 0], [5, 6, 7, 8, 9]])
+    segments = jnp.array([[1, 1, 2, 2, 0], [1, 2, 2, 2, 3]])
+    names = ("tokens", "segment_ids", "positions")
+    got = check_packing(tokens, segments, None, 16, 0, names)
+    np.testing.assert_array_equal(got, [[0, 1, 0, 1, 0], [0, 0, 1, 2, 0]])
+    given = jnp.array([[0, 1, 2, 3, 4]])
+    assert check_packing(tokens, segments, given, 16, 0, names) is given
+    assert check_packing(tokens, None, None, 16, 0, names) is None
+    jitted = jax.jit(lambda t, s: check_packing(t, s, None, 16, 0, names))(tokens, segments)
+    np.testing.assert_array_equal(jitted, got)
+    # One function, two names: functional.segment_positions is the packing convention's.
+    assert functional_positions is segment_positions
+
+
 @VARIANTS
 def test_segment_mask_golden(variant):
     q, k = jnp.array([1, 1, 2, 0]), jnp.array([1, 2, 2, 0, 1])

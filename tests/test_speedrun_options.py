@@ -76,12 +76,33 @@ def test_soft_cap_formula():
     assert soft_cap(jnp.ones(2, jnp.bfloat16), 2.0).dtype == jnp.bfloat16
 
 
-@pytest.mark.parametrize("cap", [0.0, -1.0, float("nan"), float("inf")])
-def test_soft_cap_refuses_a_cap_that_is_not_positive_and_finite(cap):
+@pytest.mark.parametrize("cap", [-1.0, float("nan"), float("inf")])
+def test_soft_cap_refuses_a_cap_that_is_negative_or_not_finite(cap):
     with pytest.raises(ValueError, match=r"soft_cap: cap=.* must be"):
         soft_cap(jnp.ones(2), cap)
     with pytest.raises(TypeError, match="floating"):
         soft_cap(jnp.ones(2, jnp.int32), 1.0)
+    # Traced, the cap cannot be refused: NaN everywhere, never numbers that look right.
+    assert np.isnan(jax.jit(soft_cap)(jnp.ones(2), cap)).all()
+
+
+def test_soft_cap_gives_traced_caps_what_it_gives_python_caps():
+    """cap 0 is off (the logits unchanged) eagerly, under jit and under vmap over caps; a
+    positive cap is the formula in all three (before, a traced 0 gave all-zero logits)."""
+    x = jnp.asarray([-40.0, -2.0, 0.0, 0.3, 7.0, 1e4], jnp.float32)
+    caps = [0.0, 0.5, 15.0]
+    eager = [np.asarray(soft_cap(x, c)) for c in caps]
+    np.testing.assert_array_equal(eager[0], x)
+    jitted = [np.asarray(jax.jit(soft_cap)(x, c)) for c in caps]
+    mapped = jax.vmap(soft_cap, in_axes=(None, 0))(x, jnp.asarray(caps, jnp.float32))
+    for c, want, got_jit, got_vmap in zip(caps, eager, jitted, mapped, strict=True):
+        np.testing.assert_allclose(got_jit, want, rtol=1e-6, err_msg=f"jit, cap={c}")
+        np.testing.assert_allclose(got_vmap, want, rtol=1e-6, err_msg=f"vmap, cap={c}")
+    # The gradients agree too, and the off branch's is that of the identity, not NaN.
+    grad = jax.grad(lambda v, c: soft_cap(v, c).sum())
+    for c in caps:
+        np.testing.assert_allclose(jax.jit(grad)(x, c), grad(x, c), rtol=1e-6)
+    np.testing.assert_array_equal(jax.jit(grad)(x, 0.0), np.ones(6, np.float32))
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -78,6 +78,7 @@ def _attention(config: LayerConfig, name: str, cross: bool = False) -> MultiHead
         **_lora_fields(config),
         qk_norm=config.qk_norm,
         qk_norm_eps=config.layer_norm_eps,
+        attn_logit_softcapping=config.attn_logit_softcapping,
         name=name,
     )
 

@@ -4,9 +4,9 @@
 positions, with `check_segment_ids` for the ids' values) raise ValueError for bad inputs;
 `check_token_range` is the one id-range check, shared with `train/`'s data path. The masks
 the models build from the tokens are `functional.masks.self_attention_mask` and
-`cross_attention_mask`, and the positions of packed rows `functional.segment_positions`:
-this module checks what it is given and builds nothing, so `checks` stays below
-`functional` (which uses its argument checks).
+`cross_attention_mask`. The positions of packed rows, `segment_positions` (re-exported as
+`functional.segment_positions`), are part of the packing convention these checks hold, so
+they live here and `check_packing` returns them; `checks` stays below `functional`.
 """
 
 from __future__ import annotations
@@ -112,13 +112,16 @@ def check_packing(
     names: tuple[str, str, str],
     *,
     debug_checks: bool = False,
-) -> None:
-    """ValueError unless a packed row's segment ids and positions are well formed.
+) -> jax.Array | None:
+    """Check a packed row's segment ids and positions; return the positions to use.
 
     Segment ids must be int `(B, T)` like the tokens and follow `check_segment_ids`,
     positions int `(B|1, T)` in `[0, max_len)` (values checked for concrete arrays, and
-    under `jit` with `debug_checks`). Either may be None. (Where positions are None the
-    models default them: `segment_positions(segment_ids)` when packed, else 0..T-1.)
+    under `jit` with `debug_checks`). Either may be None.
+
+    Returns:
+      The positions given; else `segment_positions(segment_ids_BT)` when segment ids are
+      given; else None (the models number 0..T-1).
     """
     tokens_name, segments_name, positions_name = names
     for name, ids, batches in (
@@ -139,8 +142,42 @@ def check_packing(
             )
     if segment_ids_BT is not None:
         check_segment_ids(tokens_BT, segment_ids_BT, pad_id, names[:2], debug_checks=debug_checks)
-    if positions_BT is not None:
-        check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
+    if positions_BT is None:
+        return None if segment_ids_BT is None else segment_positions(segment_ids_BT)
+    check_positions(positions_BT, max_len, positions_name, debug_checks=debug_checks)
+    return positions_BT
+
+
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Positions of packed tokens: 0, 1, 2, ... restarting at every new segment.
+
+    A segment is a run of equal ids along the last axis (ids 1, 2, ...; 0 is padding), so
+    each packed example is numbered as if it stood alone at the start of a row.
+
+    Args:
+      segment_ids: int `(B, T)` (any leading axes, or `(T,)`); each example one contiguous run.
+
+    Returns:
+      int32 positions, same shape; 0 at padding (segment 0).
+    """
+    segment_ids = jnp.asarray(segment_ids)
+    if segment_ids.ndim < 1 or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(
+            "segment_positions needs int segment ids (B, T) or (T,), got "
+            f"{segment_ids.dtype} {segment_ids.shape=}."
+        )
+    length = segment_ids.shape[-1]
+    index_T = jnp.arange(length, dtype=jnp.int32)
+    starts = jnp.concatenate(
+        [
+            jnp.ones((*segment_ids.shape[:-1], 1), jnp.bool_),
+            segment_ids[..., 1:] != segment_ids[..., :-1],
+        ],
+        axis=-1,
+    )
+    # Index of the first token of each token's run: the running max of the run starts.
+    start_index = jax.lax.cummax(jnp.where(starts, index_T, 0), axis=segment_ids.ndim - 1)
+    return jnp.where(segment_ids != 0, index_T - start_index, 0).astype(jnp.int32)
 
 
 def check_segment_ids(

@@ -21,6 +21,7 @@ from flax_transformer.checks.arguments import (
 )
 from flax_transformer.functional.dropout import dropout
 from flax_transformer.functional.masks import as_dense
+from flax_transformer.functional.soft_cap import soft_cap
 
 # Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
 # exp(MASK_VALUE - max) underflows to exactly 0, and unlike -inf it never produces NaN
@@ -119,6 +120,7 @@ def dot_product_attention(
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    logit_softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Single-head attention of one example.
 
@@ -134,6 +136,9 @@ def dot_product_attention(
       dropout_rate: probability in [0, 1) of dropping an attention weight (applied to the
         weights that multiply V; the returned weights are the ones before dropout).
       dropout_rng: PRNG key; dropout runs only when it is given and `dropout_rate > 0`.
+      logit_softcap: Gemma 2's attention-logit soft-capping: the scaled scores become
+        `c * tanh(scores / c)` before the mask and the softmax (`soft_cap`); a finite
+        number > 0, or None (off).
 
     Returns:
       `(out (T, Hv), weights (T, S))`. The scores and softmax run in float32, or in float64
@@ -148,7 +153,8 @@ def dot_product_attention(
     Raises:
       TypeError: q, k or v is not floating (integer inputs would truncate), or the mask is
         not bool.
-      ValueError: wrong ranks or shapes; dropout_rate outside [0, 1); a non-finite scale.
+      ValueError: wrong ranks or shapes; dropout_rate outside [0, 1); a non-finite scale;
+        a logit_softcap that is not None or a finite number > 0.
     """
     fn = "dot_product_attention"
     q, k, v = as_array(fn, "q", q), as_array(fn, "k", k), as_array(fn, "v", v)
@@ -160,6 +166,7 @@ def dot_product_attention(
     if k.shape[0] != v.shape[0]:
         raise ValueError(f"k and v need the same length S: {k.shape=}, {v.shape=}.")
     check_dropout(fn, dropout_rate)
+    check_logit_softcap(fn, logit_softcap)
     if mask is not None:
         mask = check_bool_mask(fn, mask)
         if mask.ndim != 2:
@@ -189,6 +196,8 @@ def dot_product_attention(
         v = jnp.where(seen_S1, v, jnp.zeros((), v.dtype))
     scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
     scores_TS = scores_TS.astype(dtype) * scale
+    if logit_softcap is not None:
+        scores_TS = soft_cap(scores_TS, logit_softcap)
     if mask is not None:
         scores_TS = jnp.where(mask_TS, scores_TS, MASK_VALUE)
         weights_TS = jax.nn.softmax(scores_TS, axis=-1)
@@ -213,6 +222,12 @@ def check_dropout(fn: str, rate: float) -> None:
     check_number(fn, "dropout_rate", rate, low=0.0, high=1.0, high_open=True)
 
 
+def check_logit_softcap(fn: str, cap: float | None, name: str = "logit_softcap") -> None:
+    """ValueError unless the attention-logit cap is None (off) or a finite number > 0."""
+    if cap is not None:
+        check_number(fn, name, cap, low=0.0, low_open=True)
+
+
 def multi_head_attention(
     q_BTNH: jax.Array,
     k_BSNH: jax.Array,
@@ -222,6 +237,7 @@ def multi_head_attention(
     scale: float | None = None,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    logit_softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """`dot_product_attention` lifted with `jax.vmap` over heads, then batch.
 
@@ -240,7 +256,7 @@ def multi_head_attention(
         a `(B, T, S)` mask's first axis with the heads; write `mask[:, None]`. So does a
         rank-2 mask `(B, S)` when B == T > 1 (it cannot be told from a `(T, S)` mask): pass
         rank 4. A non-bool mask raises TypeError (`broadcast_mask`).
-      scale, dropout_rate: as in `dot_product_attention`.
+      scale, dropout_rate, logit_softcap: as in `dot_product_attention`.
       dropout_rng: one key; it is split so that every (example, head) drops independently.
 
     Returns:
@@ -280,6 +296,7 @@ def multi_head_attention(
         scale=scale,
         dropout_rate=dropout_rate,
         dropout_rng=dropout_rng,
+        logit_softcap=logit_softcap,
     )
 
 
@@ -294,6 +311,7 @@ def grouped_heads_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     fn: str = "multi_head_attention",
+    logit_softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """The vmaps of `multi_head_attention`, with the K key/value heads on `kv_head_axis`.
 
@@ -313,6 +331,7 @@ def grouped_heads_attention(
         )
     group = num_heads // num_kv_heads
     check_dropout(fn, dropout_rate)
+    check_logit_softcap(fn, logit_softcap)
     mask = as_dense(mask, q_len, kv_len)
     if mask is not None:
         mask = broadcast_mask(mask, batch, num_heads, q_len, kv_len, fn=fn)
@@ -325,7 +344,14 @@ def grouped_heads_attention(
 
     def one_head(q_TH, k_SH, v_SH, mask_TS, key):
         return dot_product_attention(
-            q_TH, k_SH, v_SH, mask_TS, scale=scale, dropout_rate=dropout_rate, dropout_rng=key
+            q_TH,
+            k_SH,
+            v_SH,
+            mask_TS,
+            scale=scale,
+            dropout_rate=dropout_rate,
+            dropout_rng=key,
+            logit_softcap=logit_softcap,
         )
 
     mask_axis, key_axis = (None if mask is None else 0), (None if keys is None else 0)

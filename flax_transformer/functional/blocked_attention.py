@@ -40,7 +40,11 @@ import jax
 import jax.numpy as jnp
 
 from flax_transformer.checks.arguments import check_int
-from flax_transformer.functional.attention import check_dropout, softmax_dtype
+from flax_transformer.functional.attention import (
+    check_dropout,
+    check_logit_softcap,
+    softmax_dtype,
+)
 from flax_transformer.functional.dropout import dropout
 from flax_transformer.functional.masks import check_causal_lengths
 
@@ -94,7 +98,12 @@ def _dropped(p_BNTK, j, dropout_key, rate):
     return dropout(p_BNTK, rate, jax.random.fold_in(dropout_key, j))
 
 
-def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
+def _capped(s_BNTK, cap):
+    """The scores soft-capped, `cap * tanh(s / cap)` (Gemma 2), or as they are for None."""
+    return s_BNTK if cap is None else cap * jnp.tanh(s_BNTK / cap)
+
+
+def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate, cap):
     q_len = q_BTNH.shape[1]
     dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
@@ -111,7 +120,7 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, 
         j, k_BKNH, v_BKNH = xs
         valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
         k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
-        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(dtype))
+        s_BNTK = _capped(jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(dtype)), cap)
         s_BNTK = jnp.where(valid, s_BNTK, -jnp.inf)
         new_m = jnp.maximum(m_BNT, s_BNTK.max(-1))
         safe_m = jnp.where(jnp.isfinite(new_m), new_m, 0.0)  # no key seen yet: any shift
@@ -133,19 +142,19 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, 
     return out_BNTH.transpose(0, 2, 1, 3).astype(q_BTNH.dtype), lse_BNT
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
-def _attend(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
-    args = (masks, dropout_key, causal, block, kv_len, rate)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+def _attend(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate, cap):
+    args = (masks, dropout_key, causal, block, kv_len, rate, cap)
     return _forward(q_BTNH, k_BSNH, v_BSNH, *args)[0]
 
 
-def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate):
-    args = (masks, dropout_key, causal, block, kv_len, rate)
+def _attend_fwd(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate, cap):
+    args = (masks, dropout_key, causal, block, kv_len, rate, cap)
     out_BTNH, lse_BNT = _forward(q_BTNH, k_BSNH, v_BSNH, *args)
     return out_BTNH, (q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT)
 
 
-def _attend_bwd(causal, block, kv_len, rate, res, dout_BTNH):
+def _attend_bwd(causal, block, kv_len, rate, cap, res, dout_BTNH):
     q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT = res
     q_len = q_BTNH.shape[1]
     dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
@@ -163,13 +172,15 @@ def _attend_bwd(causal, block, kv_len, rate, res, dout_BTNH):
         # ds or p times a NaN key or value would be NaN.
         k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
         k_BKNH, v_BKNH = k_BKNH.astype(dtype), v_BKNH.astype(dtype)
-        s_BNTK = jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH)
+        s_BNTK = _capped(jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH), cap)
         p_BNTK = jnp.where(valid, jnp.exp(s_BNTK - lse_BNT[..., None]), 0.0)
         pz_BNTK = _dropped(p_BNTK, j, dropout_key, rate)
         dv_BKNH = jnp.einsum("bntk,btnh->bknh", pz_BNTK, dout_BTNH)
         dpz_BNTK = jnp.einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH)
         # p * dp with dp = dpz * Z: the dropped probabilities times dpz.
         ds_BNTK = pz_BNTK * dpz_BNTK - p_BNTK * d_BNT[..., None]
+        if cap is not None:  # d(c tanh(x / c))/dx = 1 - tanh^2 = 1 - (capped / c)^2
+            ds_BNTK = ds_BNTK * (1.0 - jnp.square(s_BNTK / cap))
         dq_BTNH = dq_BTNH + jnp.einsum("bntk,bknh->btnh", ds_BNTK, k_BKNH) * scale
         dk_BKNH = jnp.einsum("bntk,btnh->bknh", ds_BNTK, qs_BTNH)
         return dq_BTNH, (dk_BKNH, dv_BKNH)
@@ -207,6 +218,7 @@ def blocked_attention(
     block: int = DEFAULT_BLOCK,
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
+    logit_softcap: float | None = None,
 ) -> jax.Array:
     """Scaled dot-product attention of every head, key block by key block.
 
@@ -226,6 +238,9 @@ def blocked_attention(
       dropout_rate, dropout_rng: dropout on the attention weights, the rate in [0, 1) (to
         2**-16, see `functional.dropout`), drawn per key block (module docstring); off when
         the key is None or the rate 0.
+      logit_softcap: Gemma 2's attention-logit soft-capping, `c * tanh(scores / c)` on the
+        scaled scores before the mask (in the backward pass too); a finite number > 0, or
+        None (off).
 
     Returns:
       `(B, T, N, H)` in the queries' dtype, computed in float32 (float64 if an input is
@@ -234,11 +249,14 @@ def blocked_attention(
 
     Raises:
       ValueError: K does not divide N; segment ids not both or neither; `causal` with
-        T != S; `block` < 1; `dropout_rate` outside [0, 1). TypeError: `block` not an int.
+        T != S; `block` < 1; `dropout_rate` outside [0, 1); `logit_softcap` not None or a
+        finite number > 0. TypeError: `block` not an int.
     """
     fn = "blocked_attention"
     check_int(fn, "block", block, low=1, what=f">= 1 (keys per scan step; {DEFAULT_BLOCK} default)")
     check_dropout(fn, dropout_rate)
+    check_logit_softcap(fn, logit_softcap)
+    cap = None if logit_softcap is None else float(logit_softcap)
     if causal:
         check_causal_lengths(f"{fn}: causal=True", q_BTNH.shape[1], k_BSKH.shape[1])
     heads, kv_heads = q_BTNH.shape[2], k_BSKH.shape[2]
@@ -267,7 +285,8 @@ def blocked_attention(
         dropout_rng = jax.random.key(0)  # unused at rate 0
     elif not jnp.issubdtype(jnp.asarray(dropout_rng).dtype, jax.dtypes.prng_key):
         dropout_rng = jax.random.wrap_key_data(dropout_rng)  # a raw uint32 key
-    return _attend(q_BTNH, k_BSNH, v_BSNH, masks, dropout_rng, causal, block, kv_len, rate)
+    args = (masks, dropout_rng, causal, block, kv_len, rate, cap)
+    return _attend(q_BTNH, k_BSNH, v_BSNH, *args)
 
 
 __all__ = ["DEFAULT_BLOCK", "blocked_attention"]

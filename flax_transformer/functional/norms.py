@@ -13,6 +13,14 @@ from flax_transformer.checks.arguments import (
     check_param_width,
 )
 
+
+def stats_dtype(dtype) -> jnp.dtype:
+    """The dtype norm statistics run in: float32 for float32/bfloat16/float16 inputs (as
+    mixed-precision code does), float64 for float64 inputs (under `jax_enable_x64`), the
+    rule `functional.attention.softmax_dtype` gives the softmax."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 # torch.nn.LayerNorm's default epsilon, also the value of the 2017 reference implementations.
 LAYER_NORM_EPS = 1e-5
 
@@ -34,7 +42,8 @@ def layer_norm(
     code uses the second form with torch's unbiased std (divide by D - 1); that equals ours
     with `scale` and `eps` both multiplied by sqrt((D - 1) / D) (tests/test_worked_examples.py
     shows it).
-    Statistics are computed in float32 and the result is cast back to `x.dtype`.
+    Statistics are computed in float32 for float32, bfloat16 and float16 inputs, in float64
+    for float64 inputs (`stats_dtype`), and the result is cast back to `x.dtype`.
 
     Args:
       x: `(..., D)`.
@@ -48,18 +57,19 @@ def layer_norm(
       ValueError: eps is not a finite number > 0, or scale/bias is not `(D,)`.
     """
     x, scale, bias = _check_norm_args("layer_norm", x, eps, scale=scale, bias=bias)
-    x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    centred = x32 - mean
+    dtype = stats_dtype(x.dtype)
+    xs = x.astype(dtype)
+    mean = jnp.mean(xs, axis=-1, keepdims=True)
+    centred = xs - mean
     var = jnp.mean(jnp.square(centred), axis=-1, keepdims=True)
     if eps_inside_sqrt:
         y = centred * jax.lax.rsqrt(var + eps)
     else:
         y = centred / (jnp.sqrt(var) + eps)
     if scale is not None:
-        y = y * scale.astype(jnp.float32)
+        y = y * scale.astype(dtype)
     if bias is not None:
-        y = y + bias.astype(jnp.float32)
+        y = y + bias.astype(dtype)
     return y.astype(x.dtype)
 
 
@@ -73,7 +83,8 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -
         y = x / sqrt(mean(x^2) + eps) * scale
 
     LayerNorm without the centring and the shift: the mean is not subtracted, and there is no
-    bias. Statistics are computed in float32 and the result is cast back to `x.dtype`.
+    bias. Statistics are computed in float32 for float32, bfloat16 and float16 inputs, in
+    float64 for float64 inputs (`stats_dtype`), and the result is cast back to `x.dtype`.
 
     Args:
       x: `(..., D)`.
@@ -88,10 +99,11 @@ def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = RMS_NORM_EPS) -
       ValueError: eps is not a finite number > 0, or scale is not `(D,)`.
     """
     x, scale = _check_norm_args("rms_norm", x, eps, scale=scale)
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    dtype = stats_dtype(x.dtype)
+    xs = x.astype(dtype)
+    y = xs * jax.lax.rsqrt(jnp.mean(jnp.square(xs), axis=-1, keepdims=True) + eps)
     if scale is not None:
-        y = y * scale.astype(jnp.float32)
+        y = y * scale.astype(dtype)
     return y.astype(x.dtype)
 
 

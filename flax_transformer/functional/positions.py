@@ -20,6 +20,10 @@ import jax.numpy as jnp
 
 from flax_transformer.checks.arguments import check_floating, check_int, check_number
 
+# The packing convention's positions live with the packing checks (`check_packing` returns
+# them); re-exported here, where the other positions are.
+from flax_transformer.checks.tokens import segment_positions as segment_positions
+
 # The base of the 2017 paper.
 DEFAULT_BASE = 10000.0
 
@@ -48,38 +52,6 @@ def sinusoidal_positions(length: int, dim: int, base: float = DEFAULT_BASE) -> j
     angles_LP = pos_L1 / jnp.power(jnp.float32(base), two_i / dim)
     # Interleave: column 2i holds sin, column 2i+1 holds cos.
     return jnp.stack([jnp.sin(angles_LP), jnp.cos(angles_LP)], axis=-1).reshape(length, dim)
-
-
-def segment_positions(segment_ids: jax.Array) -> jax.Array:
-    """Positions of packed tokens: 0, 1, 2, ... restarting at every new segment.
-
-    A segment is a run of equal ids along the last axis (ids 1, 2, ...; 0 is padding), so
-    each packed example is numbered as if it stood alone at the start of a row.
-
-    Args:
-      segment_ids: int `(B, T)` (any leading axes, or `(T,)`); each example one contiguous run.
-
-    Returns:
-      int32 positions, same shape; 0 at padding (segment 0).
-    """
-    segment_ids = jnp.asarray(segment_ids)
-    if segment_ids.ndim < 1 or not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-        raise ValueError(
-            "segment_positions needs int segment ids (B, T) or (T,), got "
-            f"{segment_ids.dtype} {segment_ids.shape=}."
-        )
-    length = segment_ids.shape[-1]
-    index_T = jnp.arange(length, dtype=jnp.int32)
-    starts = jnp.concatenate(
-        [
-            jnp.ones((*segment_ids.shape[:-1], 1), jnp.bool_),
-            segment_ids[..., 1:] != segment_ids[..., :-1],
-        ],
-        axis=-1,
-    )
-    # Index of the first token of each token's run: the running max of the run starts.
-    start_index = jax.lax.cummax(jnp.where(starts, index_T, 0), axis=segment_ids.ndim - 1)
-    return jnp.where(segment_ids != 0, index_T - start_index, 0).astype(jnp.int32)
 
 
 # The rotary base of RoFormer (Su et al. 2021) and Llama 1/2; Llama 3 uses 500000.

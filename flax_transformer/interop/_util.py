@@ -76,12 +76,17 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
     # None of the sources (torch's stacks, GPT-2, Llama) has these: importing into them
     # would fail on the missing scales, or, for the parameter-free cap, silently compute
     # another function than the source's.
-    speedrun = {"qk_norm": config.qk_norm, "logits_soft_cap": config.logits_soft_cap}
+    speedrun = {
+        "qk_norm": config.qk_norm,
+        "logits_soft_cap": config.logits_soft_cap,
+        "attn_logit_softcapping": config.attn_logit_softcapping,
+    }
     kept = [f"{name}={value!r}" for name, value in speedrun.items() if value]
     if kept:
         raise ValueError(
             f"the imported model has no QK-norm and no logit soft-capping, but the config has "
-            f"{', '.join(kept)}; import with qk_norm=False and logits_soft_cap=0.0."
+            f"{', '.join(kept)}; import with qk_norm=False, logits_soft_cap=0.0 and "
+            "attn_logit_softcapping=None."
         )
     expected = jax.eval_shape(lambda: nn.unbox(model.init(jax.random.key(0), *args)))
     want = traverse_util.flatten_dict(expected["params"], sep="/")
@@ -101,6 +106,20 @@ def finish_params(params: dict, model: nn.Module, config: TransformerConfig, *ar
             )
     cast = {k: jnp.asarray(v, dtype=config.param_dtype) for k, v in have.items()}
     return {"params": traverse_util.unflatten_dict(cast, sep="/")}
+
+
+def check_tied_head(model: Any, embedding: Any, config: TransformerConfig, fn: str) -> None:
+    """ValueError if the config ties the output to the embedding but the source model has
+    an output layer of its own (`lm_head`) that differs from it: it would go unread."""
+    head = getattr(model, "lm_head", None)
+    if not config.tie_output_embedding or head is None:
+        return
+    if not np.array_equal(to_numpy(head, "lm_head"), to_numpy(embedding, "embedding")):
+        raise ValueError(
+            f"{fn}: the source model's lm_head differs from its token embedding (an untied "
+            "output layer), but the config has tie_output_embedding=True, which would leave "
+            "lm_head unread; import with tie_output_embedding=False."
+        )
 
 
 def dummy_tokens() -> jax.Array:

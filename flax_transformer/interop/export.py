@@ -18,7 +18,8 @@ What GPT-2 can hold, and how our options map onto it:
   `transformers` where there is padding).
 
 Anything else (RMSNorm, gated feed-forward, post-norm, missing biases, a logits bias,
-QK-norm, logit soft-capping) has no GPT-2 equivalent and is refused with the field named.
+QK-norm, logit or attention-logit soft-capping) has no GPT-2 equivalent and is refused
+with the field named.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from flax import linen as nn
 
 from flax_transformer.config import TransformerConfig
 from flax_transformer.functional.positions import sinusoidal_positions
+from flax_transformer.models import DecoderOnlyTransformer, check_param_paths
 
 # Our activation names -> transformers' `activation_function`.
 _HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "relu2": "relu2"}
@@ -72,6 +74,7 @@ def _check_gpt2_compatible(config: TransformerConfig) -> None:
         "output_bias": (False, config.output_bias),
         "qk_norm": (False, config.qk_norm),
         "logits_soft_cap": (0.0, config.logits_soft_cap),
+        "attn_logit_softcapping": (None, config.attn_logit_softcapping),
     }
     num_kv_heads = getattr(config, "num_kv_heads", None)  # grouped-query attention
     if num_kv_heads not in (None, config.num_heads):
@@ -113,6 +116,9 @@ def gpt2_tensors(config: TransformerConfig, variables: Any) -> dict[str, np.ndar
             f"export_gpt2 needs DecoderOnlyTransformer parameters (embed, decoder), got "
             f"{sorted(params)}."
         )
+    # Entries the config does not use (QK-norm scales, LoRA adapters, biases...) would be
+    # left out of the file without a word.
+    check_param_paths(DecoderOnlyTransformer(config), params, "export_gpt2", missing_too=True)
     arr = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
     d, n, h = config.d_model, config.num_heads, config.head_dim
     decoder = params["decoder"]

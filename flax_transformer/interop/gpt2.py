@@ -31,6 +31,7 @@ import numpy as np
 from flax_transformer.config import TransformerConfig
 from flax_transformer.interop._util import (
     check_shape,
+    check_tied_head,
     dummy_tokens,
     finish_params,
     layer_norm_params,
@@ -157,6 +158,7 @@ def load_gpt2(model_or_path: Any, **config_overrides) -> tuple[TransformerConfig
     decoder["positions"] = {
         "pos_embedding": check_shape(to_numpy(body.wpe.weight), (config.max_len, d), "wpe")
     }
+    check_tied_head(model, body.wte.weight, config, "load_gpt2")
     if not config.tie_output_embedding:
         head = getattr(model, "lm_head", None)
         if head is None:

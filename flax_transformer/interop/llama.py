@@ -49,6 +49,7 @@ from flax import linen as nn
 from flax_transformer.config import TransformerConfig
 from flax_transformer.interop._util import (
     check_shape,
+    check_tied_head,
     dummy_tokens,
     finish_params,
     load_hf_model,
@@ -56,7 +57,7 @@ from flax_transformer.interop._util import (
     to_numpy,
 )
 from flax_transformer.interop.export import check_no_lora, layer_trees, write_hf_directory
-from flax_transformer.models import DecoderOnlyTransformer
+from flax_transformer.models import DecoderOnlyTransformer, check_param_paths
 
 _MODEL_TYPES = ("llama", "mistral")
 _ACTIVATIONS = {"silu": "swiglu", "gelu": "geglu"}
@@ -213,6 +214,7 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
         config,
     )
     decoder["final_norm"] = {"scale": check_shape(to_numpy(body.norm.weight), (d,), "norm")}
+    check_tied_head(model, body.embed_tokens.weight, config, "load_llama")
     if not config.tie_output_embedding:
         head = getattr(model, "lm_head", None)
         if head is None:
@@ -237,6 +239,7 @@ def _check_llama_compatible(config: TransformerConfig) -> None:
         "output_bias": (False, config.output_bias),
         "qk_norm": (False, config.qk_norm),
         "logits_soft_cap": (0.0, config.logits_soft_cap),
+        "attn_logit_softcapping": (None, config.attn_logit_softcapping),
     }
     bad = [f"{k}={have!r} (needs {want!r})" for k, (want, have) in wanted.items() if want != have]
     if config.activation not in _HF_ACTIVATIONS:
@@ -260,6 +263,8 @@ def llama_tensors(config: TransformerConfig, variables: Any) -> dict[str, np.nda
             f"export_llama needs DecoderOnlyTransformer parameters (embed, decoder), got "
             f"{sorted(params)}."
         )
+    # Entries the config does not use (biases, QK-norm scales...) would be left out.
+    check_param_paths(DecoderOnlyTransformer(config), params, "export_llama", missing_too=True)
     arr = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
     d, n, k, h = config.d_model, config.num_heads, config.kv_heads, config.head_dim
     decoder = params["decoder"]

@@ -119,6 +119,22 @@ def config_from_torch(module: Any, *, vocab_size: int, max_len: int, **overrides
     return TransformerConfig(**fields)
 
 
+def _bias(config: TransformerConfig, switch: str) -> bool:
+    """A bias switch (`attention_bias`, `ffn_bias`, `norm_bias`); None means `use_bias`."""
+    value = getattr(config, switch)
+    return config.use_bias if value is None else value
+
+
+def _check_dropped_bias(config: TransformerConfig, switch: str, bias: Any, name: str) -> None:
+    """ValueError if the torch model has a bias the config has no place for (it would be
+    dropped without a word)."""
+    if bias is not None and not _bias(config, switch):
+        raise ValueError(
+            f"{name} is a bias, but the config has {switch}=False (use_bias="
+            f"{config.use_bias}), which would drop it; import with {switch}=True."
+        )
+
+
 def _attention_params(attn: Any, config: TransformerConfig, cross: bool, name: str) -> dict:
     """An `nn.MultiheadAttention` -> our fused kernels (see the module docstring)."""
     d, n, h = config.d_model, config.num_heads, config.head_dim
@@ -137,7 +153,9 @@ def _attention_params(attn: Any, config: TransformerConfig, cross: bool, name: s
         tree["qkv_kernel"] = w_in.reshape(d, 3, n, h)
     w_out = check_shape(to_numpy(attn.out_proj.weight), (d, d), f"{name}.out_proj.weight")
     tree["out_kernel"] = w_out.T.reshape(n, h, d)
-    if config.use_bias:
+    _check_dropped_bias(config, "attention_bias", attn.in_proj_bias, f"{name}.in_proj_bias")
+    _check_dropped_bias(config, "attention_bias", attn.out_proj.bias, f"{name}.out_proj.bias")
+    if _bias(config, "attention_bias"):
         b_in = check_shape(to_numpy(attn.in_proj_bias), (3 * d,), f"{name}.in_proj_bias")
         if cross:
             tree["query_bias"], tree["kv_bias"] = b_in[:d].reshape(n, h), b_in[d:].reshape(2, n, h)
@@ -153,7 +171,9 @@ def _ffn_params(layer: Any, config: TransformerConfig, name: str) -> dict:
         "wi_kernel": check_shape(to_numpy(layer.linear1.weight), (f, d), f"{name}.linear1").T,
         "wo_kernel": check_shape(to_numpy(layer.linear2.weight), (d, f), f"{name}.linear2").T,
     }
-    if config.use_bias:
+    _check_dropped_bias(config, "ffn_bias", layer.linear1.bias, f"{name}.linear1.bias")
+    _check_dropped_bias(config, "ffn_bias", layer.linear2.bias, f"{name}.linear2.bias")
+    if _bias(config, "ffn_bias"):
         tree["wi_bias"] = to_numpy(layer.linear1.bias, f"{name}.linear1.bias")
         tree["wo_bias"] = to_numpy(layer.linear2.bias, f"{name}.linear2.bias")
     return tree
@@ -172,7 +192,7 @@ def _layer_params(layer: Any, config: TransformerConfig, norms: tuple[str, ...],
     for i, ours in enumerate(norms, start=1):
         torch_name = f"{name}.norm{i}"
         norm = getattr(layer, f"norm{i}")
-        tree[ours] = layer_norm_params(norm, config.d_model, config.use_bias, torch_name)
+        tree[ours] = layer_norm_params(norm, config.d_model, _bias(config, "norm_bias"), torch_name)
     return tree
 
 
@@ -190,7 +210,7 @@ def _stack_params(stack: Any, config: TransformerConfig, norms, name: str) -> di
         )
     if stack.norm is not None:
         tree["final_norm"] = layer_norm_params(
-            stack.norm, config.d_model, config.use_bias, f"{name}.norm"
+            stack.norm, config.d_model, _bias(config, "norm_bias"), f"{name}.norm"
         )
     return tree
 

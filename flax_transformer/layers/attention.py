@@ -51,7 +51,11 @@ from flax import linen as nn
 
 from flax_transformer import axes
 from flax_transformer.checks.arguments import as_array, check_floating, check_int
-from flax_transformer.config import DEFAULT_LORA_ALPHA, DEFAULT_LORA_TARGETS
+from flax_transformer.config import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_TARGETS,
+    check_attention_attributes,
+)
 from flax_transformer.functional import RMS_NORM_EPS, apply_rope, broadcast_mask, project, rms_norm
 from flax_transformer.functional.attention import check_dropout
 from flax_transformer.functional.positions import DEFAULT_ROPE_BASE
@@ -93,6 +97,10 @@ class MultiHeadAttention(nn.Module):
         projections and before rotary positions, with learned scales `query_norm_scale`,
         `key_norm_scale` `(H,)` (init 1) shared by the heads. False: none, no parameters.
       qk_norm_eps: its epsilon (RMS_NORM_EPS = 1e-6; the blocks pass `layer_norm_eps`).
+      attn_logit_softcapping: Gemma 2's attention-logit soft-capping: the scaled scores
+        become `c * tanh(scores / c)` before the mask and the softmax; a finite number > 0,
+        or None (off). Run by impl 'xla' and 'blocked' and over a cache; 'jax_nn',
+        'splash' and 'cudnn' refuse it with a ValueError.
 
     Generation: pass `cache` (see `__call__`) and the call returns `(y, new_cache)` instead
     of `y`. A self-attention cache is `{'k': (B, K, L, H), 'v': (B, K, L, H)}` for L slots;
@@ -122,6 +130,7 @@ class MultiHeadAttention(nn.Module):
     lora_targets: tuple[str, ...] = DEFAULT_LORA_TARGETS
     qk_norm: bool = False
     qk_norm_eps: float = RMS_NORM_EPS
+    attn_logit_softcapping: float | None = None
 
     def _adapted(self, kernel: jax.Array, names, parts, in_axes: int = 1) -> jax.Array:
         """The kernel in `dtype`, plus its LoRA updates where targeted (`layers.lora`)."""
@@ -245,6 +254,7 @@ class MultiHeadAttention(nn.Module):
             dropout_rng=self.make_rng("dropout") if use_dropout else None,
             need_weights=self.is_mutable_collection("intermediates"),
             fn="MultiHeadAttention",
+            logit_softcap=self.attn_logit_softcapping,
         )
         if weights_BNTS is not None:
             self.sow("intermediates", "attention_weights", weights_BNTS)
@@ -270,6 +280,7 @@ class MultiHeadAttention(nn.Module):
 
     def _check_call(self, fn, x_q, x_kv, cache) -> tuple[int, int, int]:
         """Shapes, dtypes and head counts, before any parameter is made: `(B, T, D)`."""
+        check_attention_attributes(self)
         if jnp.ndim(x_q) != 3:
             raise ValueError(f"{fn}: x_q must be (B, T, D), got shape {jnp.shape(x_q)}.")
         check_floating(fn, "x_q", x_q)

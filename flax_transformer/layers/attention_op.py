@@ -41,6 +41,19 @@ from flax_transformer.functional.masks import as_dense, check_causal_lengths
 from flax_transformer.layers.platform_guard import refuse_on_cpu
 
 IMPLEMENTATIONS = ("xla", "jax_nn", "splash", "cudnn", "blocked")
+# The implementations that soft-cap attention logits (Gemma 2's attn_logit_softcapping):
+# the fused kernels take no such option.
+SOFTCAP_IMPLEMENTATIONS = ("xla", "blocked")
+
+
+def softcap_refusal(owner: str, impl: str) -> str:
+    """The message refusing attention-logit soft-capping with a fused kernel."""
+    return (
+        f"{owner}: attention_impl={impl!r} is a fused kernel that cannot soft-cap the "
+        f"attention logits, but attn_logit_softcapping is set; use attention_impl in "
+        f"{SOFTCAP_IMPLEMENTATIONS}, or set attn_logit_softcapping=None."
+    )
+
 
 _SPLASH_INTERPRET = contextvars.ContextVar("splash_interpret", default=False)
 
@@ -80,6 +93,7 @@ def attention_op(
     dropout_rng: jax.Array | None = None,
     need_weights: bool = False,
     fn: str = "MultiHeadAttention",
+    logit_softcap: float | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Attention of every head: `(B, T, N, H)` queries over K key/value heads.
 
@@ -92,12 +106,17 @@ def attention_op(
       dropout_rate, dropout_rng: attention dropout, active when the key is given.
       need_weights: the caller sows the weights (a mutable 'intermediates' collection).
       fn: the caller's name, for error messages.
+      logit_softcap: Gemma 2's attention-logit soft-capping (`attn_logit_softcapping`),
+        run by `SOFTCAP_IMPLEMENTATIONS` (and decoding over a cache); the fused kernels
+        refuse it. None: off.
 
     Returns:
       `(out (B, T, N, H), weights (B, N, T, S) or None)`; weights come from `xla` only.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"{fn}: attention_impl={impl!r} is not one of {IMPLEMENTATIONS}.")
+    if logit_softcap is not None and impl not in SOFTCAP_IMPLEMENTATIONS:
+        raise ValueError(softcap_refusal(fn, impl))
     if isinstance(mask, AttentionMask) and mask.causal:
         # Every implementation, the fused ones included (their causal flag would silently
         # align the mask top-left): the rule of `AttentionMask.dense`.
@@ -116,11 +135,13 @@ def attention_op(
             dropout_rate=dropout_rate,
             dropout_rng=dropout_rng,
             fn=fn,
+            logit_softcap=logit_softcap,
         )
     _refuse_unsupported(impl, fn, dropout, need_weights)
     if impl == "blocked":
         rate = dropout_rate if dropout else 0.0
-        return _blocked(q_BTNH, k, v, mask, rate, dropout_rng if dropout else None), None
+        key = dropout_rng if dropout else None
+        return _blocked(q_BTNH, k, v, mask, rate, key, logit_softcap), None
     if impl == "jax_nn":
         return _jax_nn(q_BTNH, k, v, mask, fn), None
     if impl == "cudnn":
@@ -145,8 +166,8 @@ def _refuse_unsupported(impl: str, fn: str, dropout: bool, need_weights: bool) -
         )
 
 
-def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None, dropout_rate, dropout_rng):
-    drop = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+def _blocked(q_BTNH, k_BSKH, v_BSKH, mask: AttentionMask | None, dropout_rate, dropout_rng, cap):
+    drop = dict(dropout_rate=dropout_rate, dropout_rng=dropout_rng, logit_softcap=cap)
     if mask is None:
         return blocked_attention(q_BTNH, k_BSKH, v_BSKH, **drop)
     return blocked_attention(
@@ -356,4 +377,10 @@ def _over_mesh(one_shard, q_BNTH, k_BKSH, v_BKSH, ids, num_heads: int, kv_heads:
     )(q_BNTH, k_BKSH, v_BKSH, ids)
 
 
-__all__ = ["IMPLEMENTATIONS", "SPLASH_BLOCKS", "attention_op", "splash_interpret"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "SOFTCAP_IMPLEMENTATIONS",
+    "SPLASH_BLOCKS",
+    "attention_op",
+    "splash_interpret",
+]

@@ -22,7 +22,8 @@ class LayerNorm(nn.Module):
       eps_inside_sqrt: True for `(x-mean)/sqrt(var+eps)` (standard); False for the notes'
         `(x-mean)/(std+eps)`.
       use_bias: learn the shift (GPT-2 and torch do).
-      dtype: output dtype (statistics are float32 regardless); None keeps the input's.
+      dtype: output dtype (statistics in float32, float64 for float64 inputs); None keeps
+        the input's.
       param_dtype: storage dtype of scale and bias.
     """
 
@@ -54,7 +55,8 @@ class RMSNorm(nn.Module):
 
     Attributes:
       epsilon: the constant added to the mean square.
-      dtype: output dtype (statistics are float32 regardless); None keeps the input's.
+      dtype: output dtype (statistics in float32, float64 for float64 inputs); None keeps
+        the input's.
       param_dtype: storage dtype of the scale.
     """
 
