@@ -36,7 +36,8 @@ from configs import default
 from flax_transformer import sharding as sharding_lib
 from train.config import config_lib
 from train.core.rundir import RunDir
-from train.data import epoch_stream, in_memory
+from train.data import epoch_stream
+from train.data.pipeline import in_memory
 from train.program import loop as train_lib
 from train.program import steps
 from train.tasks import get_task

@@ -191,5 +191,5 @@ def test_a_language_model_store_is_refused_to_a_chat_run_and_translation_to_any(
         config_lib.validate_config(_config(model_dir, store_dir="s", packing="none"))
     translation = default.get_config()
     translation.store_dir = "s"
-    with pytest.raises(ValueError, match="store_dir='s'.*not a translation's pairs"):
+    with pytest.raises(ValueError, match="store_dir='s'.*not task='translation'"):
         config_lib.validate_config(translation)

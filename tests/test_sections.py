@@ -180,7 +180,8 @@ def test_validate_config_returns_the_sections():
 def test_the_sections_load_alone():
     # Nothing of train/ comes with them but the leaves below config: the corpus table and
     # the plain conversations it reads (no template engine, no tokenizer), the optimizer
-    # table, and the failures of core: the tasks and the decoding may read them freely.
+    # table, the failures of core, and the registry of task facts (filled by train.tasks,
+    # never imported by it): the tasks and the decoding may read them freely.
     code = (
         "import sys, train.config.sections; "
         "print(sorted(m for m in sys.modules if m.startswith('train.')))"
@@ -195,6 +196,7 @@ def test_the_sections_load_alone():
     assert others == {
         "train.config",
         "train.config.sections",
+        "train.config.tasks",
         "train.core",
         "train.core.failures",
         "train.formats",

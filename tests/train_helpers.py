@@ -8,7 +8,8 @@ import numpy as np
 
 from configs import default
 from train.config.sections import DataConfig
-from train.data import dataset, in_memory
+from train.data import dataset
+from train.data.pipeline import in_memory
 from train.data.tokenizer import model_vocab_size
 from train.data.tokenizers import Vocabulary, vocabulary
 from train.tasks import get_task

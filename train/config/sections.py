@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import ml_collections
 
 from flax_transformer import TransformerConfig
-from train.config.tasks import registered_tasks, task_facts
+from train.config.tasks import registered_tasks
 from train.core.failures import fail
 from train.formats import corpora
 from train.formats.corpora.conversations import TRAIN_ON
@@ -195,7 +195,10 @@ class DataConfig(_ReadByName):
         a language model learns the text as given; translation collapses whitespace, as its
         shipped corpora and scores were made)."""
         if self.collapse_whitespace is None:
-            return not task_facts(self.task).verbatim
+            facts = registered_tasks().get(
+                self.task
+            )  # an unknown task is validate_config's to name
+            return not (facts and facts.verbatim)
         return self.collapse_whitespace
 
     @property
@@ -275,14 +278,18 @@ class DataConfig(_ReadByName):
     def _check_store(self) -> None:
         """A token store holds one-sided documents read as max_len windows, or (task 'chat')
         conversations with their loss mask, packed whole into rows with segment ids."""
-        task = task_facts(self.task)
+        task = registered_tasks().get(self.task)
+        if task is None:  # validate_config names an unknown task
+            return
         if not task.reads_stores:
-            feeds = tuple(n for n, facts in registered_tasks().items() if facts.reads_stores)
+            feeds = " or ".join(
+                f"task={n!r}" for n, facts in registered_tasks().items() if facts.reads_stores
+            )
             raise fail(
                 "store_dir",
                 self.store_dir,
-                f"a token store feeds task= one of {feeds} (documents' token ids, or "
-                f"conversations with their loss mask), not task={self.task!r} ; set "
+                f"a token store feeds {feeds} (documents' token ids, or conversations with "
+                f"their loss mask), not task={self.task!r}'s examples ; set "
                 "--config.store_dir='' to read the corpus in memory",
             )
         if task.conversations:  # any chat corpus: the store reads it as the run would

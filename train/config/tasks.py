@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+from train.core.failures import fail
+
 # The package whose import registers every task.
 _TASKS_PACKAGE = "train.tasks"
 
@@ -72,11 +74,11 @@ def task_facts(name: str) -> TaskFacts:
     """The facts of the task called `name`.
 
     Raises:
-        ValueError: no task has that name (names the choices).
+        ValueError: no task has that name (`--config.task=...: must be one of (...)`).
     """
     tasks = _load_tasks()
     if name not in tasks:
-        raise ValueError(f"task={name!r} is not one of {tuple(tasks)}.")
+        raise fail("task", name, f"must be one of {tuple(tasks)}")
     return tasks[name]
 
 
