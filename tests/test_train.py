@@ -60,7 +60,11 @@ def test_toy_translation_is_learned_and_outputs_are_written(trained_run):
     assert {"learning_rate", "tokens_per_sec", "grad_norm", "accuracy"} <= set(train[-1])
     valid = [r for r in records if r["split"] == "valid"]
     assert [r["step"] for r in valid] == [150, 300]
-    assert valid[-1]["nll"] < valid[0]["nll"]
+    # Learned by the first evaluation: an untrained model scores about ln V (ln 260 = 5.6 nats
+    # with the byte tokenizer); both evaluations are far below it. (After step 150 the
+    # validation nll only wobbles: 0.113 -> 0.119 on an AMD EPYC on 2026-12-06, down on the
+    # Xeons before, so its direction is not asserted.)
+    assert all(r["nll"] < 0.05 * math.log(260) for r in valid)
     # The toy task (reverse the words, upper-case them) is learned, not just its statistics.
     assert valid[-1]["accuracy"] > 0.8 and results["bleu"]["bleu"] > 30
     assert results["valid"]["perplexity"] == pytest.approx(math.exp(results["valid"]["nll"]))
