@@ -12,9 +12,10 @@ from train.config import config_lib
 from train.config.sections import OptimizerConfig, ScheduleConfig
 from train.core.rundir import RunDir
 from train.program import loop as train_lib
+from train.program import metrics
 from train.program.checkpoint import Checkpointer
 from train.program.trained import load_trained
-from train.tasks.common import inference, metrics
+from train.tasks.common import inference
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in. None:pytest.PytestUnraisableExceptionWarning"

@@ -93,9 +93,14 @@ def test_every_recipe_is_a_valid_config(name, tmp_path):
 
     (tmp_path / "t.txt").write_text("ab\n")
     config = char_lm.recipe(2000, tmp_path / "t.txt", tmp_path / "t.txt")
+    from train.core.cli import RENAMED_FIELDS
+
     for key, value in speedrun.recipe_overrides(name, 2000).items():
-        target = config.model if key.startswith("model.") else config
-        target[key.removeprefix("model.")] = value
+        target = config
+        *parents, leaf = RENAMED_FIELDS.get(key, key).split(".")  # old names as today's
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
     config_lib.validate_config(config)
 
 

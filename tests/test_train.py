@@ -16,8 +16,9 @@ from train_helpers import tiny_config, write_tiny_text, write_tiny_tsv
 from train.config.sections import DecodeOptions
 from train.core.rundir import RunDir
 from train.program import loop as train_lib
+from train.program import metrics
 from train.program.trained import load_trained
-from train.tasks.common import inference, metrics
+from train.tasks.common import inference
 
 # A failed orbax restore (test_corrupt_checkpoint_is_reported) leaves a callback for its closed
 # asyncio loop; it surfaces later, at garbage collection, as an unraisable "Exception ignored
