@@ -12,6 +12,7 @@ examples; data/ and store/ receive a task as a value and never import this packa
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Iterable, Sequence
@@ -109,20 +110,8 @@ class Task:
 
     def facts(self) -> TaskFacts:
         """What the config's checks know of this task (`train.config.tasks`)."""
-        return TaskFacts(
-            name=self.name,
-            corpora=self.corpora,
-            packings=self.packings,
-            hf_fields=self.hf_fields,
-            own_fields=self.own_fields,
-            file_corpus=self.file_corpus,
-            fine_tunes=self.fine_tunes,
-            needs_pretrained=self.needs_pretrained,
-            stores_masks=self.stores_masks,
-            reads_stores=self.reads_stores,
-            verbatim=self.verbatim,
-            conversations=self.conversations,
-        )
+        # Every fact is the attribute of the same name.
+        return TaskFacts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TaskFacts)})
 
     def make_model(self, model_config: TransformerConfig) -> nn.Module:
         return self.model_type(model_config)
