@@ -195,6 +195,8 @@ def test_the_sections_load_alone():
     others = {m for m in loaded - tables if not m.startswith(leaves)}
     assert others == {
         "train.config",
+        "train.config.checks",
+        "train.config.evaluation",
         "train.config.sections",
         "train.config.tasks",
         "train.core",

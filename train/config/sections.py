@@ -11,9 +11,10 @@ once, at the top of a run, into one frozen section per job:
     schedule   ScheduleConfig        the learning rate over updates
     step       StepConfig            the train step's loss and input noise
     eval       EvalConfig            validation, BLEU and samples; `decode` is a DecodeOptions
+                                     (both in `train.config.evaluation`, re-exported here)
     run        RunConfig             how long, how often, where: seed, PRNG, mesh, checkpoints
 
-Each section checks its own fields when it is made, and names a bad one as it is written on
+Each section checks its own fields when it is made (`train.config.checks`), and names a bad one as it is written on
 the command line (`--config.field=value`), so an override is fixed where it was made. What
 depends on the task registry (the corpora, packings and fields a task accepts) is checked
 by `validate_config`, above the registry. The corpora come from their table
@@ -33,12 +34,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any, ClassVar
-
-import ml_collections
+from typing import ClassVar
 
 from flax_transformer import TransformerConfig
+from train.config.checks import (
+    ReadByName,
+    check_choice,
+    check_fraction,
+    check_non_negative_ints,
+    check_positive_ints,
+    is_int,
+    is_real,
+)
+
+# The evaluation's sections, read from here as before they had their own module.
+from train.config.evaluation import DecodeOptionError, DecodeOptions, EvalConfig  # noqa: F401
 from train.config.tasks import registered_tasks
 from train.core.failures import fail
 from train.formats import corpora
@@ -57,65 +67,8 @@ PACKINGS = ("none", "segments", "stream")
 LOSSLESS_SPM_MIN_VOCAB = 4 + 256
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _check_positive_ints(section, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not _is_int(value) or value < 1:
-            raise fail(name, value, "must be a positive integer")
-
-
-def _check_non_negative_ints(section, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not _is_int(value) or value < 0:
-            raise fail(name, value, "must be a non-negative integer")
-
-
-def _check_choice(section, name: str, allowed: tuple) -> None:
-    if getattr(section, name) not in allowed:
-        raise fail(name, getattr(section, name), f"must be one of {allowed}")
-
-
-def _check_non_negative(section, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) < 0:
-            raise fail(name, getattr(section, name), "must be non-negative")
-
-
-def _check_fraction(section, name: str) -> None:
-    """A share in [0, 1)."""
-    if not 0.0 <= getattr(section, name) < 1.0:
-        raise fail(name, getattr(section, name), "must be in [0, 1)")
-
-
-class _ReadByName:
-    """A section whose fields are config fields of the same names."""
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict):
-        """The section made from the config's fields of the same names (checked when made); a
-        field with a default that the config lacks (a config.json older than the field) takes
-        the default."""
-        return cls(
-            **{
-                f.name: config[f.name]
-                if f.name in config or f.default is dataclasses.MISSING
-                else f.default
-                for f in dataclasses.fields(cls)
-            }
-        )
-
-
 @dataclasses.dataclass(frozen=True)
-class DataConfig(_ReadByName):
+class DataConfig(ReadByName):
     """What the examples are and how they become batches
     (`train.data.pipeline.input_pipeline.open_dataset`).
 
@@ -224,13 +177,13 @@ class DataConfig(_ReadByName):
             ("packing", PACKINGS),
             ("train_on", TRAIN_ON),
         ):
-            _check_choice(self, name, allowed)
-        _check_positive_ints(self, "vocab_size", "max_len")
-        _check_non_negative_ints(self, "batch_size", "tokens_per_batch")
+            check_choice(self, name, allowed)
+        check_positive_ints(self, "vocab_size", "max_len")
+        check_non_negative_ints(self, "batch_size", "tokens_per_batch")
         self._check_corpus()
         self._check_batching()
         for name in ("valid_fraction", "test_fraction"):
-            _check_fraction(self, name)
+            check_fraction(self, name)
         if self.valid_fraction <= 0 and not self.valid_path:
             raise fail(
                 "valid_fraction",
@@ -300,7 +253,7 @@ class DataConfig(_ReadByName):
                     "a chat store is read as whole conversations packed into rows: "
                     "'segments' (attention and positions kept within each conversation)",
                 )
-            _check_positive_ints(self, "loader_threads", "batch_size")
+            check_positive_ints(self, "loader_threads", "batch_size")
             return
         if not corpora.CORPORA[self.corpus].storable:
             raise fail(
@@ -316,10 +269,10 @@ class DataConfig(_ReadByName):
                 "a token store is read as max_len windows: 'stream', or 'segments' (the same "
                 "windows, attention kept within each document)",
             )
-        _check_positive_ints(
+        check_positive_ints(
             self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
         )
-        _check_non_negative_ints(self, "prepare_workers")
+        check_non_negative_ints(self, "prepare_workers")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise fail("text_field", self.text_field, "must name the JSON field of the text")
 
@@ -330,7 +283,7 @@ class DataConfig(_ReadByName):
                 self.collapse_whitespace,
                 "must be True, False, or None (the task's default)",
             )
-        _check_choice(self, "text_documents", TEXT_DOCUMENTS)
+        check_choice(self, "text_documents", TEXT_DOCUMENTS)
         for name in ("valid_path", "test_path", "chat_template"):
             if not isinstance(getattr(self, name), str):
                 raise fail(name, getattr(self, name), "must be a file path (or '' for none)")
@@ -355,7 +308,7 @@ class DataConfig(_ReadByName):
             raise fail("batch_size", self.batch_size, "packing='stream' needs batch_size > 0")
         lengths = self.bucket_lengths
         if lengths and (
-            not all(_is_int(n) and n > 0 for n in lengths)
+            not all(is_int(n) and n > 0 for n in lengths)
             or list(lengths) != sorted(set(lengths))
             or lengths[-1] != self.max_len
         ):
@@ -367,7 +320,7 @@ class DataConfig(_ReadByName):
 
 
 @dataclasses.dataclass(frozen=True)
-class StepConfig(_ReadByName):
+class StepConfig(ReadByName):
     """What the train step does besides the update (`train.program.steps.train_step`).
 
     Attributes:
@@ -379,155 +332,12 @@ class StepConfig(_ReadByName):
     target_token_dropout: float
 
     def __post_init__(self):
-        _check_fraction(self, "label_smoothing")
-        _check_fraction(self, "target_token_dropout")
-
-
-class DecodeOptionError(ValueError):
-    """A decoding option out of range: `option=value: expected.`
-
-    `named(name)` is the same error under the name the user wrote: `--config.beam_size` for
-    the experiment config (`DecodeOptions.from_config`), `--beam_size` for a tool's flag.
-    """
-
-    def __init__(self, option: str, value: Any, expected: str):
-        super().__init__(f"{option}={value!r}: {expected}.")
-        self.option, self.value, self.expected = option, value, expected
-
-    def named(self, name: str) -> ValueError:
-        """The error with the option called `name` (e.g. `--config.decode_batch_size`)."""
-        return ValueError(f"{name}={self.value!r}: {self.expected}.")
+        check_fraction(self, "label_smoothing")
+        check_fraction(self, "target_token_dropout")
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeOptions:
-    """How to decode; the defaults are those of `configs/default.py`.
-
-    Every option is checked when the options are made (or `dataclasses.replace`d): a bad one
-    raises `DecodeOptionError`, which `from_config` names as the config field it came from.
-
-    Attributes:
-        max_len: the model's longest sequence (sources, and prompt + continuation).
-        bucket_lengths: source lengths padded to (few shapes compile); () = powers of two
-            from 8, then max_len.
-        batch_size: sentences translated together.
-        max_decode_len: tokens generated at most; 0 = as many as fit; less than max_len.
-        beam_size: beam width; 1 = greedy.
-        length_penalty: beam search length penalty alpha (GNMT), >= 0.
-        temperature: sampling temperature; 0 = greedy.
-        top_k: sample among the k most likely tokens; 0 = all.
-        top_p: nucleus sampling mass in (0, 1]; 1 = off.
-        seed: the sampling key's seed when no key is given; non-negative.
-    """
-
-    max_len: int
-    bucket_lengths: tuple[int, ...] = ()
-    batch_size: int = 64
-    max_decode_len: int = 0
-    beam_size: int = 1
-    length_penalty: float = 0.6
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    # The experiment-config field each option is read from.
-    CONFIG_FIELDS: ClassVar[Mapping[str, str]] = {
-        "max_len": "max_len",
-        "bucket_lengths": "bucket_lengths",
-        "batch_size": "decode_batch_size",
-        "max_decode_len": "max_decode_len",
-        "beam_size": "beam_size",
-        "length_penalty": "length_penalty",
-        "temperature": "temperature",
-        "top_k": "top_k",
-        "top_p": "top_p",
-        "seed": "seed",
-    }
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> DecodeOptions:
-        """The options an experiment config sets.
-
-        Raises:
-            ValueError: an option out of range, named as `--config.<field>=<value>`.
-        """
-        values = {option: config[field] for option, field in cls.CONFIG_FIELDS.items()}
-        values["bucket_lengths"] = tuple(values["bucket_lengths"])
-        try:
-            return cls(**values)
-        except DecodeOptionError as err:
-            raise err.named(f"--config.{cls.CONFIG_FIELDS[err.option]}") from None
-
-    def __post_init__(self):
-        for name, low, what in (
-            ("max_len", 1, "must be a positive integer"),
-            ("batch_size", 1, "must be a positive integer"),
-            ("beam_size", 1, "must be a positive integer"),
-            ("max_decode_len", 0, "must be a non-negative integer"),
-            ("top_k", 0, "must be a non-negative integer"),
-            ("seed", 0, "must be a non-negative integer"),
-        ):
-            value = getattr(self, name)
-            if not _is_int(value) or value < low:
-                raise DecodeOptionError(name, value, what)
-        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise DecodeOptionError("top_p", self.top_p, "must be in (0, 1]")
-        for name, meaning in (("temperature", "0 = greedy"), ("length_penalty", "0 = none")):
-            value = getattr(self, name)
-            if not _is_real(value) or not math.isfinite(value):  # NaN passes every comparison
-                raise DecodeOptionError(name, value, f"must be a finite number >= 0 ({meaning})")
-            if value < 0:
-                raise DecodeOptionError(name, value, f"must be >= 0 ({meaning})")
-        if self.max_decode_len >= self.max_len:
-            raise DecodeOptionError(
-                "max_decode_len", self.max_decode_len, f"must be < max_len={self.max_len} or 0"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    """Validation, BLEU and the samples of the final report (`train.tasks`,
-    `train.tasks.common.inference`).
-
-    Attributes:
-        num_eval_batches: validation batches per evaluation; 0 = all.
-        bleu_examples, bleu_tokenize, report_beam_size, copy_baseline, num_samples,
-            sample_prompts: the config fields of the same names.
-        decode: how to decode (beam size, length penalty, sampling, batch size...).
-    """
-
-    num_eval_batches: int
-    bleu_examples: int
-    bleu_tokenize: str
-    report_beam_size: int
-    copy_baseline: bool
-    num_samples: int
-    sample_prompts: tuple[str, ...]
-    decode: DecodeOptions
-
-    @classmethod
-    def from_config(cls, config: ml_collections.ConfigDict) -> EvalConfig:
-        """The eval section; the decoding options check themselves (`DecodeOptions`) and
-        are named as the config fields they come from."""
-        return cls(
-            num_eval_batches=config.num_eval_batches,
-            bleu_examples=config.bleu_examples,
-            bleu_tokenize=config.bleu_tokenize,
-            report_beam_size=config.report_beam_size,
-            copy_baseline=config.copy_baseline,
-            num_samples=config.num_samples,
-            sample_prompts=tuple(config.sample_prompts),
-            decode=DecodeOptions.from_config(config),
-        )
-
-    def __post_init__(self):
-        _check_positive_ints(self, "report_beam_size")
-        _check_non_negative_ints(self, "num_eval_batches", "bleu_examples", "num_samples")
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig(_ReadByName):
+class RunConfig(ReadByName):
     """How long the run is, what it does when, and where: the training loop's section.
 
     Attributes:
@@ -565,8 +375,8 @@ class RunConfig(_ReadByName):
 
     def __post_init__(self):
         object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
-        _check_choice(self, "rng_impl", RNG_IMPLS)
-        _check_positive_ints(
+        check_choice(self, "rng_impl", RNG_IMPLS)
+        check_positive_ints(
             self,
             "num_train_steps",
             "log_every_steps",
@@ -574,12 +384,12 @@ class RunConfig(_ReadByName):
             "checkpoint_every_steps",
             "keep_checkpoints",
         )
-        _check_non_negative_ints(self, "bleu_every_steps", "seed", "cpu_devices")
+        check_non_negative_ints(self, "bleu_every_steps", "seed", "cpu_devices")
         if not isinstance(self.async_checkpoints, bool):
             raise fail("async_checkpoints", self.async_checkpoints, "must be True or False")
         for name, high in (("target_valid_loss", math.inf), ("target_bleu", 100.0)):
             value = getattr(self, name)
-            if not _is_real(value) or not 0 <= value <= high:
+            if not is_real(value) or not 0 <= value <= high:
                 bounds = "in [0, 100]" if high == 100.0 else ">= 0"
                 raise fail(name, value, f"must be a number {bounds} (0 = no target)")
 
