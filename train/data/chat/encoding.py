@@ -51,10 +51,9 @@ writes (a literal '<|im_end|>' in a message would be read as the end of a turn).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import jinja2
 import jinja2.meta
@@ -63,6 +62,7 @@ import numpy as np
 from train.data.chat import jinja as chat_jinja
 from train.data.chat.template import ChatTemplate
 from train.data.chat.turns import TurnFinder, common_prefix
+from train.data.chat.types import ChatExample, ChatTokenizer
 from train.formats.corpora.conversations import TRAIN_ON, ChatError, check_messages, check_tools
 
 # The reply of the conversations that find a template's end-of-turn token: plain letters,
@@ -81,52 +81,6 @@ _PROBES = (
 _PROBE_EARLIER = "Zqx7probeEarlierZqx7"
 # The longest template error quoted in a refusal (a template may raise a whole paragraph).
 _MAX_ERROR_CHARS = 300
-
-
-class ChatTokenizer(Protocol):
-    """What a chat needs of a tokenizer (`train.data.hf_tokenizer.PretrainedTokenizer`)."""
-
-    bos_id: int
-    eos_id: int
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]: ...
-
-    @property
-    def added_tokens(self) -> Mapping[str, int]: ...
-
-    @property
-    def special_token_ids(self) -> frozenset[int]: ...
-
-    def id_to_piece(self, token_id: int) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ChatExample:
-    """One conversation as ids and a loss mask.
-
-    Attributes:
-        ids: (T,) int32, the whole conversation (empty where dropped).
-        mask: (T,) bool, True where the token is a target of the loss.
-        drop_reason: why the conversation should not be trained on (None: keep it).
-    """
-
-    ids: np.ndarray
-    mask: np.ndarray
-    drop_reason: str | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.ids.shape[0])
-
-    @property
-    def num_trained(self) -> int:
-        return int(self.mask.sum())
-
-    @classmethod
-    def dropped(cls, reason: str) -> ChatExample:
-        return cls(np.zeros((0,), np.int32), np.zeros((0,), bool), reason)
 
 
 class ChatEncoder:
