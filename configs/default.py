@@ -18,6 +18,8 @@ same data, half the wall time.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from train.formats import optimizers
+
 
 def get_model_config() -> ml_collections.ConfigDict:
     """Fields of `flax_transformer.TransformerConfig` (vocab_size, max_len, pad_id come from
@@ -133,24 +135,21 @@ def get_config() -> ml_collections.ConfigDict:
     # None, as configs/finetune_gpt2.py does) and needs tokenizer='pretrained'
 
     # Optimisation.
-    config.optimizer = ml_collections.ConfigDict()  # the update rule and its own options
-    config.optimizer.name = "muon"  # a registered optimizer (train/formats/optimizers/):
-    # 'adam', 'adamw' (decoupled weight decay), 'muon' (Muon for the layers' attention and
-    # feed-forward matrices, AdamW with the fields below for the embeddings, norms, biases
-    # and head: the modded-nanogpt speedrun's split), 'schedule_free_adamw' (Defazio et al.
-    # 2024; needs schedule='constant'; evaluation, BLEU, samples and the tools use its
-    # averaged parameters), 'lion' (Chen et al. 2023). Muon here: BLEU 64.8 after 900
-    # steps where Adam 2e-3 gave 51.6 after 1,000 and 64.5 after 2,200 (2026-12-05)
-    config.optimizer.muon = ml_collections.ConfigDict()  # name='muon' only (was muon_*)
+    # The update rule (--config.optimizer.name) and one sub-section per registered optimizer
+    # with options of its own, at its module's defaults (train/formats/optimizers/<name>.py
+    # documents them; a new optimizer needs no line here): --config.optimizer.<name>.<field>.
+    config.optimizer = optimizers.config_section("muon")
+    # 'muon' here: Muon for the layers' attention and feed-forward matrices, AdamW with the
+    # fields below for the embeddings, norms, biases and head (the modded-nanogpt speedrun's
+    # split). Others: 'adam', 'adamw' (decoupled weight decay), 'schedule_free_adamw' (Defazio
+    # et al. 2024; needs schedule='constant'; evaluation, BLEU, samples and the tools use its
+    # averaged parameters), 'lion' (Chen et al. 2023). Muon: BLEU 64.8 after 900 steps where
+    # Adam 2e-3 gave 51.6 after 1,000 and 64.5 after 2,200 (2026-12-05)
     config.optimizer.muon.learning_rate = 0.02  # the matrices' peak rate (their schedule
     # has learning_rate's shape); learning_rate is then the AdamW part's. 0.02: BLEU 64.8
     # after 900 steps, where 0.04 gave a validation loss of 1.61 against 1.32
     config.optimizer.muon.momentum = 0.95  # Nesterov momentum of the matrices
     config.optimizer.muon.weight_decay = 0.0  # decoupled weight decay on the matrices
-    config.optimizer.lion = ml_collections.ConfigDict()  # name='lion' only (learning_rate
-    # 3-10x lower than AdamW's): the paper's momentum interpolation b1 and decay b2
-    config.optimizer.lion.b1 = 0.9
-    config.optimizer.lion.b2 = 0.99
     config.learning_rate = 2e-3  # peak learning rate, reached at the end of warm-up (with
     # muon: the AdamW part's, for the embeddings, norms and biases)
     config.schedule = "cosine"  # 'rsqrt' (paper: inverse square root), 'cosine', 'constant';

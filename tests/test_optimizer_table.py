@@ -42,6 +42,24 @@ def test_the_default_config_holds_every_entrys_options_at_their_defaults():
         assert section[name].to_dict() == dataclasses.asdict(entry.options()), name
 
 
+@dataclasses.dataclass(frozen=True)
+class _SignOptions:
+    scale: float = 1.0
+
+
+def test_a_new_entry_needs_no_line_in_the_config_file(monkeypatch):
+    # A registered entry's options reach the config section and its overrides without a
+    # line in configs/default.py (the second of the two files a new optimizer touches is
+    # the import line; registering by hand stands in for it here).
+    build = lambda section, options, rate: optax.sign_sgd(rate(None))  # noqa: E731
+    monkeypatch.setitem(optim.OPTIMIZERS, "sign", optim.Entry("sign", build, options=_SignOptions))
+    config = default.get_config()
+    assert config.optimizer.sign.to_dict() == {"scale": 1.0}
+    config.update_from_flattened_dict({"optimizer.name": "sign", "optimizer.sign.scale": 2.0})
+    section = optim.OptimizerConfig.from_config(config)
+    assert section.entry.name == "sign" and section.options == _SignOptions(scale=2.0)
+
+
 def test_no_module_of_train_names_an_optimizer_but_its_entry():
     """Every branch on an optimizer asks its entry: no string constant equal to a registered
     name anywhere in train/ outside train/formats/optimizers/."""
