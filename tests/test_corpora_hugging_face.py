@@ -58,11 +58,13 @@ def test_missing_datasets_package(monkeypatch):
 def test_config_checks_hf_fields():
     config = default.get_config()
     config.corpus = "hf"
-    with pytest.raises(ValueError, match="hf_dataset"):
+    with pytest.raises(ValueError, match=r"--config.corpora.hf.dataset='': corpus='hf' needs"):
         config_lib.validate_config(config)
-    config.hf_dataset = "wmt14"
-    config.hf_fields = "translation.en"
-    with pytest.raises(ValueError, match=r"needs 2 comma-separated field path"):
+    config.corpora.hf.dataset = "wmt14"
+    config.corpora.hf.fields = "translation.en"
+    with pytest.raises(
+        ValueError, match=r"--config.corpora.hf.fields='translation.en': task='translation' needs 2"
+    ):
         config_lib.validate_config(config)
-    config.hf_fields = "translation.de,translation.en"
+    config.corpora.hf.fields = "translation.de,translation.en"
     config_lib.validate_config(config)

@@ -156,7 +156,7 @@ def test_an_old_run_directory_resumes_where_it_stopped(kind, tmp_path, monkeypat
     assert not RunDir(old / "run").token_store.exists()  # it read its corpus in memory
     # Today's code, never stopped, reading the corpus in memory too (a fresh text language
     # model reads a token store by default).
-    straight = write_run(kind, tmp_path / "new", text_in_memory=True)
+    straight = write_run(kind, tmp_path / "new", **{"corpora.text.in_memory": True})
     for step in (4, NUM_STEPS):
         (resumed_state, resumed_progress), (state, progress) = (
             _saved(run, step) for run in (old / "run", straight)

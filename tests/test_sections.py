@@ -51,6 +51,9 @@ def test_each_section_holds_its_config_fields(experiment):
             if cls is OptimizerConfig and field.name in ("name", "options"):
                 continue  # config.optimizer's, below
             value = config[field.name]
+            if field.name == "corpora":  # a section of sections, read as one value
+                assert section.corpora.to_dict() == value.to_dict()
+                continue
             expected = tuple(value) if isinstance(value, list | tuple) else value
             assert getattr(section, field.name) == expected, (name, field.name)
     assert experiment.optimizer.name == config.optimizer.name
@@ -89,7 +92,14 @@ def test_sections_are_frozen(experiment, name):
         ("data", "max_len", 0, r"--config.max_len=0: must be a positive integer"),
         ("data", "bucket_lengths", (8, 4), r"--config.bucket_lengths=\(8, 4\): must be increasing"),
         ("data", "batch_size", 8, r"set exactly one of them > 0"),
-        ("data", "text_documents", "pages", r"--config.text_documents='pages': must be one of"),
+        (
+            "data",
+            "corpora",
+            {"text": {"documents": "pages"}},
+            r"--config.corpora.text.documents='pages': must be one of",
+        ),
+        ("data", "corpora", {"text": {"lines": 1}}, r"corpora.text.lines=1: is not an option"),
+        ("data", "corpora", {"csv": {}}, r"--config.corpora.csv={}: no corpus has options 'csv'"),
         ("data", "collapse_whitespace", 1, r"--config.collapse_whitespace=1: must be True"),
         ("optimizer", "name", "sgd", r"--config.optimizer.name='sgd': must be one of"),
         ("optimizer", "grad_accum_steps", 0, r"--config.grad_accum_steps=0: must be a positive"),

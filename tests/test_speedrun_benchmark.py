@@ -24,7 +24,7 @@ def test_the_peer_validates_on_our_programs_windows(tmp_path):
         task="lm",
         corpus="text",
         valid_path=str(valid),
-        text_documents="file",
+        **{"corpora.text.documents": "file"},
         valid_fraction=0.0,
         packing="stream",
         max_len=16,

@@ -49,7 +49,9 @@ def test_a_text_language_model_reads_a_store_in_its_work_directory(tmp_path):
 
 def test_text_in_memory_reads_the_corpus_as_before(tmp_path):
     run = RunDir(tmp_path / "run")
-    train_lib.train_and_evaluate(_config(tmp_path, text_in_memory=True), str(run.path))
+    train_lib.train_and_evaluate(
+        _config(tmp_path, **{"corpora.text.in_memory": True}), str(run.path)
+    )
     assert not run.token_store.exists()
     assert set(_fingerprint(run.path)) == {"train", "valid", "sha256"}
 
@@ -63,7 +65,7 @@ def test_a_run_begun_in_memory_resumes_in_memory(tmp_path, caplog):
 
     with pytest.raises(_Stop):
         train_lib.train_and_evaluate(
-            _config(tmp_path, text_in_memory=True), str(run.path), step_callback=stop
+            _config(tmp_path, **{"corpora.text.in_memory": True}), str(run.path), step_callback=stop
         )
     begun = _fingerprint(run.path)
     steps = []

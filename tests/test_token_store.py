@@ -166,7 +166,7 @@ def test_parts_prepare_their_shards_and_the_last_writes_the_manifest(tmp_path, c
             lambda d: (d / "y.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n'),
             {},
             r"y\.jsonl: the record at byte offset 14 has no text field 'text' \(it has "
-            r"\['body'\]\) ; set --config\.text_field",
+            r"\['body'\]\) ; set --config\.corpora\.text\.field",
         ),
         (
             lambda d: (d / "z.jsonl").write_text("{not json\n"),
@@ -299,7 +299,10 @@ def test_validation_batches_cover_the_split_in_order_with_padding_rows(store):
     "fields, message",
     [
         (dict(task="translation", corpus="tsv"), r"store_dir=.*feeds task='lm'"),
-        (dict(corpus="hf", hf_dataset="x", hf_fields="text"), r"corpus='hf'.*prepared from"),
+        (
+            dict(corpus="hf", corpora={"hf": {"dataset": "x", "fields": "text"}}),
+            r"corpus='hf'.*prepared from",
+        ),
         (dict(packing="none"), r"packing='none'.*read as max_len windows"),
         (dict(loader_threads=0), r"loader_threads=0: must be a positive integer"),
     ],

@@ -37,8 +37,9 @@ PLAY = (
 )
 
 
-def _store_data(tmp_path, corpus_path, **fields) -> DataConfig:
+def _store_data(tmp_path, corpus_path, documents="lines", **fields) -> DataConfig:
     config = tiny_config(corpus_path, task="lm", corpus="text", packing="stream", max_len=8)
+    config.corpora.text.documents = documents
     config.update(
         bucket_lengths=(),
         store_dir=str(tmp_path / "store"),
@@ -204,7 +205,7 @@ def test_plain_text_documents_are_lines_paragraphs_or_the_file(tmp_path, mode, w
     copies.mkdir()
     for i in range(8):  # enough documents for both splits
         (copies / f"play{i}.txt").write_text(PLAY.replace("1.", f"{i}."), encoding="utf-8")
-    data = _store_data(tmp_path, str(copies / "*.txt"), text_documents=mode)
+    data = _store_data(tmp_path, str(copies / "*.txt"), documents=mode)
     docs = _store_documents(data)
     stored = sorted(docs["train"] + docs["valid"])
     expected = sorted(
@@ -217,7 +218,7 @@ def test_whole_file_documents_get_a_shard_per_file(tmp_path):
     path = tmp_path / "big.txt"
     path.write_text(PLAY * 50, encoding="utf-8")
     lines = _store_data(tmp_path, str(path), store_shard_bytes=256)
-    whole = dataclasses.replace(lines, text_documents="file")
+    whole = dataclasses.replace(lines, corpora={"text": {"documents": "file"}})
     assert len(store_prepare.plan_shards(lines)) > 1
     assert len(store_prepare.plan_shards(whole)) == 1
 
@@ -246,8 +247,10 @@ def test_collapse_whitespace_defaults_to_the_task():
 
 def test_text_documents_and_own_files_are_checked():
     config = default.get_config()
-    config.text_documents = "pages"
-    with pytest.raises(ValueError, match=r"--config.text_documents='pages': must be one of"):
+    config.corpora.text.documents = "pages"
+    with pytest.raises(
+        ValueError, match=r"--config.corpora.text.documents='pages': must be one of"
+    ):
         config_lib.validate_config(config)
     config = default.get_config()
     config.update(valid_fraction=0.0)
@@ -263,7 +266,7 @@ def test_text_documents_and_own_files_are_checked():
 def test_lm_in_memory_keeps_documents_verbatim(tmp_path):
     path = tmp_path / "play.txt"
     path.write_text(PLAY * 3 + "\n\n" + "\n\n".join(HARD_DOCUMENTS[:8]), encoding="utf-8")
-    config = tiny_config(path, task="lm", corpus="text", text_documents="paragraphs")
+    config = tiny_config(path, task="lm", corpus="text", **{"corpora.text.documents": "paragraphs"})
     config.update(valid_fraction=0.3, max_len=400, bucket_lengths=(400,), max_decode_len=0)
     dataset = dataset_of(config, RunDir(tmp_path / "run"))
     texts = text_files.read_text_documents(path, "paragraphs", collapse=False)
@@ -383,9 +386,26 @@ def test_lossless_training_samples_long_documents_deterministically(tmp_path):
 
 def test_a_config_json_from_before_these_fields_resumes():
     saved = default.get_config().to_dict()
-    for key in ("collapse_whitespace", "text_documents", "valid_path", "test_path"):
+    for key in ("collapse_whitespace", "valid_path", "test_path"):
         del saved[key]
+    del saved["corpora"]["text"]["documents"]
     assert config_lib.changed_identity_fields(saved, default.get_config()) == []
     current = default.get_config()
-    current.update(text_documents="file", valid_path="v.tsv")
-    assert config_lib.changed_identity_fields(saved, current) == ["text_documents", "valid_path"]
+    current.update(valid_path="v.tsv")
+    current.corpora.text.documents = "file"
+    current.corpora.text.in_memory = True  # how the data is read: a resumed run may change it
+    assert config_lib.changed_identity_fields(saved, current) == [
+        "valid_path",
+        "corpora.text.documents",
+    ]
+
+
+def test_a_config_json_with_the_old_flat_corpus_fields_resumes():
+    saved = default.get_config().to_dict()
+    del saved["corpora"]
+    saved.update(direction="ja-en", hf_dataset="", hf_split="train", text_documents="lines")
+    assert config_lib.changed_identity_fields(saved, default.get_config()) == []
+    saved["text_documents"] = "file"
+    assert config_lib.changed_identity_fields(saved, default.get_config()) == [
+        "corpora.text.documents"
+    ]

@@ -22,7 +22,6 @@ import ml_collections
 from flax_transformer import TransformerConfig
 from train.config import freeze
 from train.config.sections import (
-    CORPORA,
     PACKINGS,
     DataConfig,
     EvalConfig,
@@ -38,7 +37,7 @@ from train.core.cli import RENAMED_FIELDS
 from train.core.failures import DamagedFileError, model_field_error
 from train.core.rundir import RunDir, read_json
 from train.core.special_ids import PAD_ID, model_vocab_size
-from train.formats import sources
+from train.formats import corpora, sources
 
 __all__ = [
     "IDENTITY_FIELDS",
@@ -54,6 +53,8 @@ __all__ = [
 # They are the data section's (less its batch shapes), the model section, and the run's seed
 # and PRNG.
 IDENTITY_FIELDS = (*DataConfig.identity_fields(), *RunConfig.IDENTITY, "model")
+# The config's nested sections, which a config.json older than one of their fields lacks.
+NESTED_SECTIONS = ("optimizer", corpora.CONFIG_FIELD)
 
 
 def validate_config(
@@ -86,9 +87,11 @@ def validate_config(
             "whole examples with attention kept within each. Set packing instead and "
             "delete packed",
         )
+    _check_renamed(config)
     _check_task(config)
     data = DataConfig.from_config(config)
-    _check_hf_fields(data)
+    if (check := corpora.CORPORA[data.corpus].check) is not None:
+        check(data, task_facts(data.task))  # options that must suit the task
     if data.init_from:
         model = _pretrained_model(config, data, workdir)
     else:
@@ -203,7 +206,7 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     if config.task not in tasks:
         raise fail("task", config.task, f"must be one of {tuple(tasks)}")
     task = tasks[config.task]
-    if config.corpus in CORPORA and config.corpus not in task.corpora:
+    if config.corpus in corpora.CORPORA and config.corpus not in task.corpora:
         raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
     if config.packing in PACKINGS and config.packing not in task.packings:
         raise fail(
@@ -223,16 +226,13 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
             raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
 
 
-def _check_hf_fields(data: DataConfig) -> None:
-    """A Hugging Face row gives as many fields as the task's examples hold (checked once the
-    section has named a missing dataset)."""
-    task = task_facts(data.task)
-    if data.corpus == "hf" and len(data.hf_field_paths) != task.hf_fields:
-        raise fail(
-            "hf_fields",
-            data.hf_fields,
-            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
-        )
+def _check_renamed(config: ml_collections.ConfigDict) -> None:
+    """A config (a file, or code building one) that sets a field under its old flat name
+    (`config.hf_dataset = ...`) is refused naming today's place: the old field would be
+    read by nobody (the command line's old flags are translated, `train.core.cli`)."""
+    for old, new in RENAMED_FIELDS.items():
+        if old in config and not isinstance(config[old], ml_collections.ConfigDict):
+            raise fail(old, config[old], f"is now --config.{new}; set that and delete {old}")
 
 
 def model_config(
@@ -283,28 +283,38 @@ def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
 def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved config with today's names: `packed` (a bool) became `packing`; the flat
     optimizer fields (`optimizer` a name, `muon_learning_rate`, ...) became
-    `optimizer.name` and `optimizer.<name>.<option>` (`optimizers.renamed_fields`)."""
+    `optimizer.name` and `optimizer.<name>.<option>`, the corpora's (`hf_dataset`,
+    `text_documents`, `direction`, ...) `corpora.<section>.<option>`."""
     saved = dict(saved)
     if "packing" not in saved:  # a config.json from before `packing` replaced `packed`
         saved["packing"] = "stream" if saved.get("packed") else "none"
-    return with_nested_optimizer(saved)
+    return with_nested_fields(saved)
 
 
-def with_nested_optimizer(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """`flat` (a config as a dict) with the old flat optimizer fields moved to their
-    dotted places (`train.core.cli.RENAMED_FIELDS`, the table the command line reads too).
+def with_nested_fields(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`flat` (a config as a dict) with the old flat fields moved to their dotted places
+    (`train.core.cli.RENAMED_FIELDS`, the table the command line reads too).
     """
     flat = dict(flat)
     for old, new in RENAMED_FIELDS.items():
         if old not in flat or isinstance(flat[old], Mapping):
             continue  # absent, or `optimizer` already the section
         value = flat.pop(old)
-        section = flat["optimizer"] = dict(flat.get("optimizer") or {})
-        *parents, leaf = new.split(".")[1:]
+        top, *parents, leaf = new.split(".")
+        section = flat[top] = _copied(flat.get(top) or {})
         for parent in parents:
             section = section.setdefault(parent, {})
         section[leaf] = value
     return flat
+
+
+# The old name of `with_nested_fields`.
+with_nested_optimizer = with_nested_fields
+
+
+def _copied(section: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested dict copied down to its leaves (a saved section is never changed in place)."""
+    return {k: _copied(v) if isinstance(v, Mapping) else v for k, v in section.items()}
 
 
 def read_saved(
@@ -346,9 +356,9 @@ def read_saved(
     saved = _renamed(saved)
     saved.pop("packed", None)
     defaults = default.get_config().to_dict()
-    # The optimizer section merged field by field: an older file lacks sub-sections.
-    optimizer = _merged(defaults["optimizer"], saved.get("optimizer", {}))
-    config = ml_collections.ConfigDict({**defaults, **saved, "optimizer": optimizer})
+    # The nested sections merged field by field: an older file lacks sub-sections.
+    nested = {name: _merged(defaults[name], saved.get(name, {})) for name in NESTED_SECTIONS}
+    config = ml_collections.ConfigDict({**defaults, **saved, **nested})
     try:
         return config, validate_config(config, workdir=run.path)
     except ValueError as err:
@@ -405,7 +415,9 @@ def changed_identity_fields(
     changed = []
     for field in IDENTITY_FIELDS:
         old, new = saved.get(field, data_defaults.get(field)), now.get(field)
-        if isinstance(new, dict):
+        if field == corpora.CONFIG_FIELD:
+            changed += _changed_options(old or {}, new)
+        elif isinstance(new, dict):
             old = old or {}
             defaults = model_defaults if field == "model" else {}
             changed += [
@@ -415,4 +427,21 @@ def changed_identity_fields(
             ]
         elif _as_json(old) != _as_json(new):
             changed.append(field)
+    return changed
+
+
+def _changed_options(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """The corpus options (`corpora.<section>.<field>`) that differ, a field an older
+    config.json lacks counting as its default, and those that only say how the data is
+    read (`READING` of the options dataclass, e.g. `corpora.text.in_memory`) left out."""
+    changed = []
+    for section, kind in corpora.OPTIONS.items():
+        reading = getattr(kind, "READING", ())
+        for f in dataclasses.fields(kind):
+            if f.name in reading:
+                continue
+            before = (old.get(section) or {}).get(f.name, f.default)
+            after = (new.get(section) or {}).get(f.name, f.default)
+            if _as_json(before) != _as_json(after):
+                changed.append(f"{corpora.CONFIG_FIELD}.{section}.{f.name}")
     return changed

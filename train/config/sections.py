@@ -14,14 +14,15 @@ once, at the top of a run, into one frozen section per job:
                                      (both in `train.config.evaluation`, re-exported here)
     run        RunConfig             how long, how often, where: seed, PRNG, mesh, checkpoints
 
-Each section checks its own fields when it is made (`train.config.checks`), and names a bad one as it is written on
-the command line (`--config.field=value`), so an override is fixed where it was made. What
-depends on the task registry (the corpora, packings and fields a task accepts) is checked
-by `validate_config`, above the registry. The corpora come from their table
-(`train.formats.corpora`), a leaf that imports nothing of the program, so that the tasks and the
-decoding may read the sections without a circle; the names of the chat loss masks from
-`train.formats.corpora.conversations`, plain Python that the table's conversations read too. Every
-function of the program receives the section it reads, never the whole config.
+Each section checks its own fields when it is made (`train.config.checks`), and names a bad
+one as it is written on the command line (`--config.field=value`), so an override is fixed
+where it was made. What depends on the task registry (the corpora, packings and fields a
+task accepts) is checked by `validate_config`, above the registry. The corpora come from
+their table (`train.formats.corpora`), a leaf that imports nothing of the program, so that
+the tasks and the decoding may read the sections without a circle; the names of the chat
+loss masks from `train.formats.corpora.conversations`, plain Python that the table's
+conversations read too. Every function of the program receives the section it reads, never
+the whole config.
 
 The optimizer and schedule sections belong to their table (`train.formats.optimizers`, a
 leaf like the corpora): each registered optimizer owns its options (`--config.optimizer.<name>`),
@@ -52,15 +53,12 @@ from train.config.evaluation import DecodeOptionError, DecodeOptions, EvalConfig
 from train.config.tasks import registered_tasks
 from train.core.failures import fail
 from train.formats import corpora
+from train.formats.corpora import CorpusOptions, read_options
 from train.formats.corpora.conversations import TRAIN_ON
-from train.formats.corpora.files import TEXT_DOCUMENTS
 from train.formats.optimizers import OptimizerConfig, ScheduleConfig
 
-# Every --config.corpus value, in the order of the corpus table (`train.formats.corpora`).
-CORPORA = tuple(corpora.CORPORA)
 TOKENIZERS = ("sentencepiece", "byte", "pretrained")
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
-DIRECTIONS = ("ja-en", "en-ja")
 PACKINGS = ("none", "segments", "stream")
 # A lossless SentencePiece vocabulary holds the 4 special ids and 256 byte pieces, then
 # one piece per character kept (train.data.tokenizer.LOSSLESS_TRAINER_OPTIONS).
@@ -81,11 +79,6 @@ class DataConfig(ReadByName):
     task: str
     corpus: str
     corpus_path: str
-    direction: str
-    hf_dataset: str
-    hf_config: str
-    hf_split: str
-    hf_fields: str
     valid_fraction: float
     test_fraction: float
     copied_targets: float
@@ -99,12 +92,10 @@ class DataConfig(ReadByName):
     # How documents are read (None: the task's default, see `collapses_whitespace`), and the
     # user's own validation and test files ('' : held out from the corpus by hash).
     collapse_whitespace: bool | None = None
-    text_documents: str = "lines"
     valid_path: str = ""
     test_path: str = ""
     # The token store (train.data.store.token_store); '' reads the corpus in memory at every start.
     store_dir: str = ""
-    text_field: str = "text"
     store_sample_chars: int = 10_000_000
     store_shard_bytes: int = 64 << 20
     prepare_workers: int = 0
@@ -112,24 +103,23 @@ class DataConfig(ReadByName):
     # A pretrained model's source (train.formats.sources): its weights start the run and its
     # tokenizer is the run's (tokenizer='pretrained').
     init_from: str = ""
-    # task 'lm', corpus 'text', no store_dir: read in memory instead of a store in the workdir.
-    text_in_memory: bool = False
     # task 'chat': which tokens are trained ('assistant', 'last', 'all'), and a Jinja chat
     # template file that replaces the model's ('' = the model's own).
     train_on: str = "assistant"
     chat_template: str = ""
+    # The corpora's own options (`train.formats.corpora.options`: `--config.corpora.<s>.<f>`,
+    # a reader reads its section, e.g. `data.corpora.hf.dataset`); a mapping is read as such.
+    corpora: CorpusOptions = dataclasses.field(default_factory=lambda: read_options(None))
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own
     # content fingerprint, not its path, tells whether the data is the same).
     STORE: ClassVar[tuple[str, ...]] = (
         "store_dir",
-        "text_field",
         "store_sample_chars",
         "store_shard_bytes",
         "prepare_workers",
         "loader_threads",
-        "text_in_memory",
     )
 
     @classmethod
@@ -163,17 +153,14 @@ class DataConfig(ReadByName):
             0.0 if self.test_path else self.test_fraction,
         )
 
-    @property
-    def hf_field_paths(self) -> list[str]:
-        """`hf_fields` split at its commas: one dotted path per example field."""
-        return [f for f in self.hf_fields.split(",") if f]
-
     def __post_init__(self):
         object.__setattr__(self, "bucket_lengths", tuple(self.bucket_lengths))
+        if not isinstance(self.corpora, CorpusOptions):
+            given = self.corpora.to_dict() if hasattr(self.corpora, "to_dict") else self.corpora
+            object.__setattr__(self, "corpora", read_options(given))
         for name, allowed in (
-            ("corpus", CORPORA),
+            ("corpus", tuple(corpora.CORPORA)),  # the table as it is now
             ("tokenizer", TOKENIZERS),
-            ("direction", DIRECTIONS),
             ("packing", PACKINGS),
             ("train_on", TRAIN_ON),
         ):
@@ -209,8 +196,6 @@ class DataConfig(ReadByName):
                 "a pretrained model reads text with its own tokenizer: set "
                 "--config.tokenizer='pretrained' with --config.init_from",
             )
-        if not isinstance(self.text_in_memory, bool):
-            raise fail("text_in_memory", self.text_in_memory, "must be True or False")
         if (
             self.tokenizer == "sentencepiece"
             and not self.collapses_whitespace
@@ -273,8 +258,6 @@ class DataConfig(ReadByName):
             self, "store_sample_chars", "store_shard_bytes", "loader_threads", "batch_size"
         )
         check_non_negative_ints(self, "prepare_workers")
-        if not isinstance(self.text_field, str) or not self.text_field:
-            raise fail("text_field", self.text_field, "must name the JSON field of the text")
 
     def _check_documents(self) -> None:
         if not (self.collapse_whitespace is None or isinstance(self.collapse_whitespace, bool)):
@@ -283,7 +266,6 @@ class DataConfig(ReadByName):
                 self.collapse_whitespace,
                 "must be True, False, or None (the task's default)",
             )
-        check_choice(self, "text_documents", TEXT_DOCUMENTS)
         for name in ("valid_path", "test_path", "chat_template"):
             if not isinstance(getattr(self, name), str):
                 raise fail(name, getattr(self, name), "must be a file path (or '' for none)")
@@ -295,8 +277,11 @@ class DataConfig(ReadByName):
     def _check_corpus(self) -> None:
         """The data fields the corpus's entry needs (`train.formats.corpora.Corpus.needs`)."""
         for field, what in corpora.CORPORA[self.corpus].needs:
-            if not getattr(self, field):
-                raise fail(field, getattr(self, field), f"corpus={self.corpus!r} needs {what}")
+            value = self
+            for part in field.split("."):
+                value = getattr(value, part)
+            if not value:
+                raise fail(field, value, f"corpus={self.corpus!r} needs {what}")
 
     def _check_batching(self) -> None:
         if (self.batch_size == 0) == (self.tokens_per_batch == 0):

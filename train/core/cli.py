@@ -36,12 +36,21 @@ _ERROR_ECHOES = ("/orbax/", "/asyncio/")
 # `--config.optimizer.muon.learning_rate=0.03`; `renamed_overrides`) and in a run
 # directory's config.json (`train.config.config_lib.read_saved`): this is the one table.
 # The optimizer was a name (`--config.optimizer=muon`) and Muon's options flat fields; both
-# are now in the optimizer's section (`train.formats.optimizers`).
+# are now in the optimizer's section (`train.formats.optimizers`). The corpora's options
+# (`hf_*`, `text_*`, `direction`) are now their readers' (`train.formats.corpora.options`).
 RENAMED_FIELDS = {
     "optimizer": "optimizer.name",
     "muon_learning_rate": "optimizer.muon.learning_rate",
     "muon_momentum": "optimizer.muon.momentum",
     "muon_weight_decay": "optimizer.muon.weight_decay",
+    "direction": "corpora.bible.direction",
+    "hf_dataset": "corpora.hf.dataset",
+    "hf_config": "corpora.hf.config",
+    "hf_split": "corpora.hf.split",
+    "hf_fields": "corpora.hf.fields",
+    "text_documents": "corpora.text.documents",
+    "text_field": "corpora.text.field",
+    "text_in_memory": "corpora.text.in_memory",
 }
 
 # The experiment config of a program run without --config.

@@ -85,9 +85,9 @@ def chat_store_settings(data, vocabulary: Vocabulary) -> dict:
         "chat_template": hashlib.sha256(identity.encode()).hexdigest(),
         "train_on": data.train_on,
         "max_len": data.max_len,
-        "hf_dataset": data.hf_dataset,
-        "hf_config": data.hf_config,
-        "hf_split": data.hf_split,
+        "hf_dataset": data.corpora.hf.dataset,
+        "hf_config": data.corpora.hf.config,
+        "hf_split": data.corpora.hf.split,
     }
 
 

@@ -101,13 +101,13 @@ def run_data_section(data: DataConfig, run: RunDir, resuming: bool) -> DataConfi
     Packed segments sized by `tokens_per_batch` (configs/default.py's) become the store's
     windows of the same size: `tokens_per_batch // max_len` rows of max_len tokens.
 
-    It reads the corpus in memory as before where `text_in_memory` asks so, where its batches
+    It reads the corpus in memory as before where `corpora.text.in_memory` asks, where its batches
     need whole examples (packing 'none'), or where it resumes a run that started so (its
     data_fingerprint.json holds example counts, not a store's token counts): such a run goes
     on with the batches it began with.
     """
     reads_at_scale = corpora.get_corpus(data.corpus).store_files  # files of any size
-    if data.store_dir or data.task != "lm" or not reads_at_scale or data.text_in_memory:
+    if data.store_dir or data.task != "lm" or not reads_at_scale or data.corpora.text.in_memory:
         return data
     if resuming and run.data_fingerprint.exists():
         recorded = read_json(run.data_fingerprint, "delete it and rerun: it is rewritten")

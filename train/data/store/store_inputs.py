@@ -4,11 +4,11 @@
   matched and empty files are refused.
 - `plan_shards`: the shards of the inputs, a function of the files alone: an uncompressed
   file's byte ranges of about `store_shard_bytes` (a line belongs to the range its first
-  byte is in), or a whole file where a document may span lines (`text_documents`
+  byte is in), or a whole file where a document may span lines (`corpora.text.documents`
   'paragraphs' or 'file') or the file is compressed (`.gz`, `.zst`); the shipped KJV is one
   shard. The user's own validation and test files (`valid_path`, `test_path`, any format
   `corpus_path` takes) are shards too, whose documents all go to that split.
-- `documents`: a shard's documents: plain text as `text_documents` says (non-blank lines,
+- `documents`: a shard's documents: plain text as `corpora.text.documents` says (non-blank lines,
   blank-line separated paragraphs, or the whole file), or the `text_field` of each JSON line
   (`.jsonl`, `.json`), verbatim or whitespace-normalised (`collapse_whitespace`); bytes that
   are not UTF-8, lines that are not JSON, records without the field and lone surrogates
@@ -114,7 +114,7 @@ def plan_shards(data) -> list[Source]:
 
 def _file_shards(data, pattern: str, field: str, role: str) -> list[Source]:
     sources = []
-    whole_files = data.text_documents != "lines"  # a document may span lines
+    whole_files = data.corpora.text.documents != "lines"  # a document may span lines
     for path in input_files(pattern, field):
         kind, compression = _kind_of(path)
         size = path.stat().st_size
@@ -219,7 +219,7 @@ def _decoded_lines(source: Source, text_field: str) -> Iterator[tuple[int, str]]
                 fields = sorted(record) if isinstance(record, dict) else type(record).__name__
                 raise StoreError(
                     f"{source.path}: the record at byte offset {offset}{where} has no text "
-                    f"field {text_field!r} (it has {fields}) ; set --config.text_field to "
+                    f"field {text_field!r} (it has {fields}) ; set --config.corpora.text.field to "
                     "the field holding the text."
                 )
             if b"\\u" in raw:  # only an escape can make a lone surrogate

@@ -5,8 +5,8 @@ memory, parallel, resumable, deterministic.
 
 - Inputs (`train.data.store.store_inputs`): `--config.corpus=text` with
   `--config.corpus_path` a file or a glob (`**` allowed) of plain-text files (a document per
-  non-blank line, blank-line separated paragraph or file: `--config.text_documents`) or JSON
-  lines (`.jsonl`/`.json`: one document per record, its `--config.text_field`), each
+  non-blank line, blank-line separated paragraph or file: `--config.corpora.text.documents`) or JSON
+  lines (`.jsonl`/`.json`: one document per record, its `--config.corpora.text.field`), each
   possibly gzip (`.gz`) or zstd (`.zst`) compressed; or `--config.corpus=kjv`, the shipped
   King James Bible. Documents are kept verbatim unless `--config.collapse_whitespace=True`.
 - Plan: a shard is an uncompressed file's byte range of about `store_shard_bytes` (a line
@@ -111,8 +111,8 @@ def tokenizer_sample(sources: Sequence[Source], data, workers: int) -> list[str]
     """
     budget = data.store_sample_chars
     valid, test = data.hash_fractions
-    reading = (data.text_documents, data.collapses_whitespace)
-    args = [(s, data.text_field, valid, test, *reading, budget) for s in sources]
+    reading = (data.corpora.text.documents, data.collapses_whitespace)
+    args = [(s, data.corpora.text.field, valid, test, *reading, budget) for s in sources]
     selected: list[tuple[float, str]] = []
     for part in _map(_sample_shard, args, workers):
         selected = _within(heapq.merge(selected, part), budget)
@@ -328,9 +328,9 @@ def _prepare(data, vocabulary, settings: dict, workers: int, part, progress: boo
     fields = (
         data.tokenizer,
         settings["vocab_size"],
-        data.text_field,
+        data.corpora.text.field,
         *data.hash_fractions,
-        data.text_documents,
+        data.corpora.text.documents,
         data.collapses_whitespace,
     )
     logging.info(

@@ -9,21 +9,47 @@
 Each reader module defines its `Corpus` entries (`train.formats.corpora.corpus`) in a `CORPORA`
 tuple: how the examples are read, which tasks they feed, which data fields they need, and
 whether a token store can hold them. Everything that names corpora derives from this table:
-the config's choices (`train.config.sections.DataConfig`), each task's corpora
+the config's choices (`train.config.sections.DataConfig`), the options sections
+(`options.py`: a reader module's `OPTIONS`, `--config.corpora.<section>.<field>`), each
+task's corpora
 (`train.tasks.Task.corpora`), the in-memory reader
 (`train.formats.corpora.splits.read_splits`) and the token store's inputs
 (`train.data.store.store_inputs.plan_shards`). A new corpus format is a reader module with its
-entry, and its module's name in `READERS` below; nothing else changes.
+entry (and its options dataclass, if it has options), and its module's name in `READERS`
+below; nothing else changes.
 """
 
 from __future__ import annotations
 
-from train.formats.corpora import bibles, chats, files, hugging_face
+import ml_collections
+
+from train.formats.corpora import bibles, chats, files, hugging_face, options
 from train.formats.corpora.corpus import Corpus
+from train.formats.corpora.options import CONFIG_FIELD as CONFIG_FIELD
+from train.formats.corpora.options import CorpusOptions
 
 # The reader modules, in the order their corpora are listed in choices and messages.
 READERS = (bibles, files, chats, hugging_face)
 CORPORA: dict[str, Corpus] = {corpus.name: corpus for m in READERS for corpus in m.CORPORA}
+# The readers' options sections (`--config.corpora.<section>.<field>`): section -> dataclass.
+OPTIONS: dict[str, type] = {
+    name: kind for m in READERS for name, kind in getattr(m, "OPTIONS", {}).items()
+}
+
+
+def config_section() -> ml_collections.ConfigDict:
+    """`config.corpora` of a config file: every reader's options at their defaults."""
+    return options.config_section(OPTIONS)
+
+
+def read_options(section) -> CorpusOptions:
+    """The run's corpus options from the config's `corpora` section (a mapping; a section or
+    field it lacks takes its default).
+
+    Raises:
+        ValueError: a bad option or an unknown field, named as `--config.corpora.<s>.<f>`.
+    """
+    return options.read_options(OPTIONS, section)
 
 
 def get_corpus(name: str) -> Corpus:

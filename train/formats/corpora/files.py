@@ -5,15 +5,25 @@ A document is read verbatim or whitespace-normalised (`document_text`, as
 `--config.collapse_whitespace` resolves for the task), and a plain-text file's documents are
 its lines, blank-line separated paragraphs or the whole file (`group_lines`). Bytes that are
 not UTF-8, empty files and malformed lines are refused naming the file and line.
+
+Options of the 'text' corpus (`--config.corpora.text.<field>`, once `--config.text_<field>`):
+    documents   what a document of a plain-text file is: 'lines' (each non-blank line),
+                'paragraphs' (blank-line separated), 'file' (each file whole)
+    field       a token store's JSON-lines inputs (.jsonl[.gz|.zst]): the record's text field
+    in_memory   task 'lm' without --config.store_dir: read the corpus in memory at every start
+                instead of a token store prepared in the work directory
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 from train.formats.corpora.corpus import Corpus
+from train.formats.corpora.options import option_error
 
 
 def normalize_whitespace(text: str) -> str:
@@ -28,7 +38,7 @@ def normalize_whitespace(text: str) -> str:
     return " ".join(text.split())
 
 
-# What a document of a plain-text file is (`--config.text_documents`).
+# What a document of a plain-text file is (`--config.corpora.text.documents`).
 TEXT_DOCUMENTS = ("lines", "paragraphs", "file")
 
 
@@ -80,7 +90,9 @@ def group_lines(lines: Iterable[str], mode: str) -> Iterator[str]:
     elif mode == "file":
         yield "".join(lines)
     else:
-        raise ValueError(f"--config.text_documents={mode!r}: must be one of {TEXT_DOCUMENTS}.")
+        raise ValueError(
+            f"--config.corpora.text.documents={mode!r}: must be one of {TEXT_DOCUMENTS}."
+        )
 
 
 def lines_with_breaks(text: str) -> list[str]:
@@ -199,6 +211,30 @@ def read_parallel_tsv(path: str | os.PathLike, collapse: bool = True) -> list[tu
     return pairs
 
 
+@dataclasses.dataclass(frozen=True)
+class TextOptions:
+    """The 'text' corpus's options (the module docstring)."""
+
+    documents: str = "lines"
+    field: str = "text"
+    in_memory: bool = False
+
+    # A resumed run may change these (how the data is read, not which data it is).
+    READING: ClassVar[tuple[str, ...]] = ("field", "in_memory")
+
+    def __post_init__(self):
+        if self.documents not in TEXT_DOCUMENTS:
+            raise option_error(
+                "text", "documents", self.documents, f"must be one of {TEXT_DOCUMENTS}"
+            )
+        if not isinstance(self.field, str) or not self.field:
+            raise option_error("text", "field", self.field, "must name the JSON field of the text")
+        if not isinstance(self.in_memory, bool):
+            raise option_error("text", "in_memory", self.in_memory, "must be True or False")
+
+
+OPTIONS = {"text": TextOptions}
+
 CORPORA = (
     Corpus(
         "tsv",
@@ -214,7 +250,7 @@ CORPORA = (
         formats="UTF-8 text (documents: lines, paragraphs or the file) or JSON lines, "
         "a file or a glob, gzip or zstd compressed",
         read=lambda data: read_text_documents(
-            data.corpus_path, data.text_documents, data.collapses_whitespace
+            data.corpus_path, data.corpora.text.documents, data.collapses_whitespace
         ),
         needs=(("corpus_path", "a file path"),),
         reads_files=True,

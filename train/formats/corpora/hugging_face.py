@@ -1,13 +1,21 @@
 """A Hugging Face `datasets` dataset as a corpus (optional: installed and online; the default
-offline runs never use it), e.g. `--config.corpus=hf --config.hf_dataset=wmt14
---config.hf_config=de-en --config.hf_fields=translation.de,translation.en`. Fields are dotted
-paths into each record. Conversations (`--config.task=chat`) come from `hf-chat`, which reads
-each row's `messages` column, or its `prompt` and `completion` columns, as TRL does
-(`--config.corpus=hf-chat --config.hf_dataset=trl-lib/Capybara`).
+offline runs never use it), e.g. `--config.corpus=hf --config.corpora.hf.dataset=wmt14
+--config.corpora.hf.config=de-en --config.corpora.hf.fields=translation.de,translation.en`.
+Fields are dotted paths into each record. Conversations (`--config.task=chat`) come from
+`hf-chat`, which reads each row's `messages` column, or its `prompt` and `completion`
+columns, as TRL does (`--config.corpus=hf-chat --config.corpora.hf.dataset=trl-lib/Capybara`).
+
+Options (`--config.corpora.hf.<field>`, once `--config.hf_<field>`):
+    dataset   the dataset's name (needs `datasets`, online)
+    config    its config name, if it has several
+    split     the split to read (the run splits it itself)
+    fields    corpus 'hf': comma-separated dotted field paths, 'src,tgt' (translation) or
+              'text' (lm)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +23,32 @@ from typing import Any
 from train.formats.corpora.conversations import Conversation, conversation_of
 from train.formats.corpora.corpus import Corpus, CorpusNotFoundError
 from train.formats.corpora.files import document_text
+from train.formats.corpora.options import option_error
+
+SECTION = "hf"
+
+
+@dataclasses.dataclass(frozen=True)
+class HuggingFaceOptions:
+    """The 'hf' and 'hf-chat' corpora's options (the module docstring)."""
+
+    dataset: str = ""
+    config: str = ""
+    split: str = "train"
+    fields: str = ""
+
+    def __post_init__(self):
+        for field in ("dataset", "config", "split", "fields"):
+            if not isinstance(getattr(self, field), str):
+                raise option_error(SECTION, field, getattr(self, field), "must be a string")
+
+    @property
+    def field_paths(self) -> list[str]:
+        """`fields` split at its commas: one dotted path per example field."""
+        return [f for f in self.fields.split(",") if f]
+
+
+OPTIONS = {SECTION: HuggingFaceOptions}
 
 
 def _hf_field(record: dict, path: str, index: int, collapse: bool = True) -> str:
@@ -23,14 +57,14 @@ def _hf_field(record: dict, path: str, index: int, collapse: bool = True) -> str
         if not isinstance(value, dict) or key not in value:
             available = sorted(value) if isinstance(value, dict) else type(value).__name__
             raise ValueError(
-                f"--config.hf_fields: record {index} has no field {path!r} (at {key!r}; "
+                f"--config.corpora.hf.fields: record {index} has no field {path!r} (at {key!r}; "
                 f"available: {available}); name the fields as dotted paths."
             )
         value = value[key]
     if not isinstance(value, str):
         raise ValueError(
-            f"--config.hf_fields: field {path!r} of record {index} is {type(value).__name__}, "
-            "not text."
+            f"--config.corpora.hf.fields: field {path!r} of record {index} is "
+            f"{type(value).__name__}, not text."
         )
     return document_text(value, collapse)
 
@@ -83,7 +117,7 @@ def load_hf_examples(
     """
     if len(fields) not in (1, 2):
         raise ValueError(
-            f"--config.hf_fields={','.join(fields)!r}: give one field (lm) or two "
+            f"--config.corpora.hf.fields={','.join(fields)!r}: give one field (lm) or two "
             "(translation: source,target)."
         )
     records = _load_records(name, config_name, split, "hf", "'tsv'/'text'")
@@ -97,26 +131,46 @@ def load_hf_examples(
     return examples
 
 
+def _check_fields(data, task) -> None:
+    """A row gives as many fields as the task's examples hold (`TaskFacts.hf_fields`)."""
+    options = data.corpora.hf
+    if len(options.field_paths) != task.hf_fields:
+        raise option_error(
+            SECTION,
+            "fields",
+            options.fields,
+            f"task={task.name!r} needs {task.hf_fields} comma-separated field path(s)",
+        )
+
+
+def _read(data) -> list:
+    options = data.corpora.hf
+    return load_hf_examples(
+        options.dataset,
+        options.config,
+        options.split,
+        options.field_paths,
+        data.collapses_whitespace,
+    )
+
+
 CORPORA = (
     Corpus(
         "hf",
         tasks=("translation", "lm"),
         formats="a Hugging Face datasets dataset (online): one field (lm) or two (translation)",
-        read=lambda data: load_hf_examples(
-            data.hf_dataset,
-            data.hf_config,
-            data.hf_split,
-            data.hf_field_paths,
-            data.collapses_whitespace,
-        ),
-        needs=(("hf_dataset", "a dataset name"),),
+        read=_read,
+        needs=(("corpora.hf.dataset", "a dataset name"),),
+        check=_check_fields,
     ),
     Corpus(
         "hf-chat",
         tasks=("chat",),
         formats="a Hugging Face datasets dataset (online) with a 'messages' column, or "
         "'prompt' and 'completion' columns",
-        read=lambda data: load_hf_conversations(data.hf_dataset, data.hf_config, data.hf_split),
-        needs=(("hf_dataset", "a dataset name"),),
+        read=lambda data: load_hf_conversations(
+            data.corpora.hf.dataset, data.corpora.hf.config, data.corpora.hf.split
+        ),
+        needs=(("corpora.hf.dataset", "a dataset name"),),
     ),
 )
