@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from train.core.failures import CheckpointWriteError
-from train.program import checkpoint
-from train.program import loop as train_lib
+from train.program import checkpoint, signals
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # How long the slowed commit of a synchronous save takes: a save that returned before its
@@ -160,7 +159,7 @@ def test_sigterm_notice_is_set_by_sigterm_and_the_old_handler_comes_back():
     seen = []
     previous = signal.signal(signal.SIGTERM, lambda *args: seen.append("old"))
     try:
-        with train_lib._sigterm_notice() as notice:
+        with signals.sigterm_notice() as notice:
             assert not notice.is_set()
             os.kill(os.getpid(), signal.SIGTERM)
             assert notice.wait(5)
@@ -176,7 +175,7 @@ def test_sigterm_notice_outside_the_main_thread_installs_nothing():
     entered = []
 
     def body():
-        with train_lib._sigterm_notice() as notice:
+        with signals.sigterm_notice() as notice:
             entered.append(notice)
 
     thread = threading.Thread(target=body)

@@ -15,36 +15,31 @@ exits with 143); every process of a run stops at the same step.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import logging
-import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
-from flax import linen as nn
-from jax.experimental import multihost_utils
 
 from flax_transformer import sharding as sharding_lib
 from train.config import config_lib
-from train.config.sections import Experiment, RunConfig
+from train.config.sections import Experiment
 from train.core import distributed
 from train.core.failures import Preempted
-from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir, read_json
-from train.data.batching import WHOLE_BATCH, RowShare
+from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir
+from train.data.batching import RowShare
 from train.data.dataset import Dataset, Processes
 from train.data.pipeline.input_pipeline import open_dataset
 from train.data.tokenizers import vocabulary
-from train.formats import optimizers as optim
 from train.formats import sources
 from train.program import finetune, steps, weights
+from train.program.assembly import Program, build_program, make_mesh
 from train.program.checkpoint import Checkpointer
 from train.program.metrics import (
     STEPS_IN_FLIGHT,
@@ -59,26 +54,9 @@ from train.program.metrics import (
     plot_loss_curve,
     progress_bar,
 )
-from train.tasks import Task, get_task
-
-
-def _check_resumable(config: ml_collections.ConfigDict, run: RunDir, resuming: bool):
-    """Writes config.json, or refuses to resume with different identity fields."""
-    path = run.config
-    if resuming and path.exists():
-        saved = read_json(
-            path,
-            "delete it and rerun with the run's --config and overrides: it is rewritten from them",
-        )
-        changed = config_lib.changed_identity_fields(saved, config)
-        if changed:
-            raise ValueError(
-                f"{run.path} holds checkpoints of a run with different {', '.join(changed)} "
-                f"(see {path}) ; resuming would not fit them: use a fresh --workdir, or the "
-                "saved values."
-            )
-    if distributed.is_primary():
-        atomic_write_text(path, config.to_json(indent=2) + "\n")
+from train.program.resume import check_resumable, check_same_data, finished_results
+from train.program.signals import preempted, sigterm_notice
+from train.tasks import get_task
 
 
 class _Discard:
@@ -89,132 +67,6 @@ class _Discard:
 
     def close(self) -> None:
         pass
-
-
-def make_mesh(
-    mesh_shape: Sequence[int], devices: Sequence[jax.Device] | None = None
-) -> jax.sharding.Mesh:
-    """The `(data, fsdp, tensor)` mesh of `mesh_shape` (`--config.mesh_shape`, the run
-    section's) over `devices` (default: all).
-
-    Raises:
-        ValueError: the sizes do not fill the devices (names --config.mesh_shape).
-    """
-    try:
-        return sharding_lib.make_mesh(*mesh_shape, devices=devices)
-    except ValueError as err:
-        raise ValueError(f"--config.mesh_shape={tuple(mesh_shape)}: {err}") from None
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """What a run compiles from its config, before any parameter exists.
-
-    Attributes:
-        model: the flax module.
-        tx: the optimizer.
-        state_shapes: the TrainState's shapes and placement (`steps.train_state_shapes`).
-        train_step: jitted `(state, batch) -> (state, metric sums)`; donates the state.
-        eval_step: jitted `(params, batch) -> metric sums`.
-        put_batch: places a numpy batch (this process's rows) on the mesh.
-        eval_params: `state -> the parameters to evaluate` (`optim.evaluation_params`:
-            the state's own, or where the optimizer's entry says (schedule-free AdamW's
-            averaged point), jitted), for
-            validation, BLEU and the final report.
-    """
-
-    model: nn.Module
-    tx: optax.GradientTransformation
-    state_shapes: steps.TrainState
-    train_step: Callable
-    eval_step: Callable
-    put_batch: Callable
-    eval_params: Callable = steps.state_params
-
-
-def build_program(
-    experiment: Experiment,
-    task: Task,
-    mesh: jax.sharding.Mesh,
-    vocab_size: int,
-    *,
-    unk_id: int,
-    share: RowShare = WHOLE_BATCH,
-) -> Program:
-    """The model, optimizer and jitted steps of `experiment` on `mesh`: what `train_and_evaluate`
-    runs, and what `train.compile` compiles ahead of time for a TPU topology.
-
-    The learning-rate schedule is built here, once: the optimizer follows it and the train
-    step reports it (`learning_rate` in its metrics).
-
-    Args:
-        experiment: the run's config sections (`train.config.sections.Experiment`); its model,
-            optimizer, schedule, step and run sections are read.
-        task: its `train.tasks` Task.
-        mesh: the device mesh (`make_mesh`).
-        vocab_size: the tokenizer's vocabulary size.
-        unk_id: the tokenizer's unknown id (the target of word dropout).
-        share: this process's rows of each global batch.
-    """
-    run = experiment.run
-    model = task.make_model(dataclasses.replace(experiment.model, vocab_size=vocab_size))
-    schedule = optim.make_schedule(experiment.schedule)
-    labels = (
-        finetune.param_labels(experiment.optimizer, experiment.model)
-        if experiment.data.init_from
-        else None
-    )
-    tx = optim.make_optimizer(experiment.optimizer, experiment.schedule, labels)
-    accum = experiment.optimizer.grad_accum_steps
-    shapes = steps.train_state_shapes(model, task, tx, mesh, run.seed, run.rng_impl)
-    train_step, eval_step, put_batch = steps.jit_steps(
-        model,
-        task,
-        tx,
-        shapes,
-        mesh,
-        label_smoothing=experiment.step.label_smoothing,
-        rng_impl=run.rng_impl,
-        target_token_dropout=experiment.step.target_token_dropout,
-        unk_id=unk_id,
-        share=share,
-        learning_rate=lambda step: schedule(step // accum),  # micro-batch steps -> updates
-        # An imported checkpoint's added pad id (the last) is no class of its softmax.
-        drop_pad_logit=bool(experiment.data.init_from)
-        and experiment.model.pad_id == vocab_size - 1,
-        frozen=finetune.frozen_mask(experiment.optimizer, experiment.model) if labels else None,
-    )
-    eval_params = steps.state_params
-    if experiment.optimizer.entry.evaluation_params is not None:
-        eval_params = jax.jit(
-            lambda state: optim.evaluation_params(
-                experiment.optimizer, state.opt_state, state.params
-            ),
-            out_shardings=jax.tree.map(lambda leaf: leaf.sharding, shapes.params),
-        )
-    return Program(model, tx, shapes, train_step, eval_step, put_batch, eval_params)
-
-
-def _check_same_data(fingerprint: dict, run: RunDir, resuming: bool) -> None:
-    """Writes the data fingerprint, or refuses to resume on data that changed since.
-
-    Only the corpus path is in config.json; a file edited in place (columns swapped, lines
-    added) would otherwise resume silently on other data, with a stream position that means
-    nothing for it.
-    """
-    path = run.data_fingerprint
-    if resuming and path.exists():
-        saved = read_json(path, "delete it and rerun: it is rewritten from the current data")
-        if saved != fingerprint:
-            raise ValueError(
-                f"{run.path} holds checkpoints trained on other data: {saved['train']} train / "
-                f"{saved['valid']} validation examples, sha256 {saved['sha256'][:12]}, now "
-                f"{fingerprint['train']} / {fingerprint['valid']}, sha256 "
-                f"{fingerprint['sha256'][:12]} (see {path}) ; restore the corpus the run "
-                "started with, or use a fresh --workdir."
-            )
-    if distributed.is_primary():
-        atomic_write_text(path, json.dumps(fingerprint, indent=2) + "\n")
 
 
 @jax.jit
@@ -273,64 +125,11 @@ def train_and_evaluate(
             asynchronous=experiment.run.async_checkpoints,
         )
         try:
-            _check_resumable(config, run, checkpointer.latest_step() is not None)
-            with _sigterm_notice() as notice:
+            check_resumable(config, run, checkpointer.latest_step() is not None)
+            with sigterm_notice() as notice:
                 return _run(experiment, run, checkpointer, step_callback, notice, clock)
         finally:
             checkpointer.close()
-
-
-@contextlib.contextmanager
-def _sigterm_notice():
-    """Yields an Event that SIGTERM sets, the handler installed for the block only.
-
-    Python handles signals in the main thread alone, so elsewhere (a notebook's worker
-    thread) nothing is installed. In a run of several processes neither: JAX's preemption
-    service (`jax.distributed.initialize`) takes SIGTERM there, and `_preempted` asks it.
-    """
-    notice = threading.Event()
-    if threading.current_thread() is not threading.main_thread() or jax.process_count() > 1:
-        yield notice
-        return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: notice.set())
-    try:
-        yield notice
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _preempted(notice: threading.Event, step: int) -> bool:
-    """Whether the loop stops after `step`: SIGTERM came. With several processes, True on
-    all of them at the same step (JAX's preemption sync point, the step after the newest
-    any process had reached when one got the signal); to be called after every step."""
-    if jax.process_count() > 1:
-        return multihost_utils.reached_preemption_sync_point(step)
-    return notice.is_set()
-
-
-def _finished_results(run: RunDir, latest: int | None, settings: RunConfig) -> dict | None:
-    """The results of a run that already trained every step, or stopped at the target it
-    still has, and wrote them; else None (a changed target trains on)."""
-    if latest is None or not run.results.exists():
-        return None
-    if latest < settings.num_train_steps and not settings.has_target:
-        return None
-    results = read_json(
-        run.results,
-        "delete it and rerun: the final evaluation is redone from the last checkpoint",
-    )
-    if latest < settings.num_train_steps:
-        target = results.get("target") or {}
-        same = (target.get("valid_loss"), target.get("bleu")) == (
-            settings.target_valid_loss,
-            settings.target_bleu,
-        )
-        if not (same and target.get("reached") and results.get("step") == latest):
-            return None
-    logging.info("%s already finished at step %d; its results:", run.path, latest)
-    if distributed.is_primary():
-        print(format_report(results), flush=True)
-    return results
 
 
 class _Start(NamedTuple):
@@ -402,7 +201,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         resuming=resuming,
     )
     _check_end_of_run(experiment, dataset)
-    _check_same_data(dataset.fingerprint, run, resuming)
+    check_same_data(dataset.fingerprint, run, resuming)
     logging.info("Examples: %s; vocabulary %d.", dataset.sizes, dataset.tokenizer.vocab_size)
     tokenizer = dataset.tokenizer
     program = build_program(
@@ -464,7 +263,7 @@ def _run(
     `notice`: set by SIGTERM, it stops the loop at the next step with a checkpoint; `clock`:
     the run's seconds, in every record."""
     settings, evaluation = experiment.run, experiment.eval
-    finished = _finished_results(run, checkpointer.latest_step(), settings)
+    finished = finished_results(run, checkpointer.latest_step(), settings)
     if finished is not None:
         return finished
     dataset, program, state, stream, share, wall_s = _start(experiment, run, checkpointer)
@@ -560,7 +359,7 @@ def _run(
                 log.restart_clock()  # tokens/s counts training time only
             if step_callback is not None:
                 step_callback(step)
-            if _preempted(notice, step):
+            if preempted(notice, step):
                 if not saved:
                     save(step)
                 checkpointer.wait()
