@@ -17,6 +17,7 @@ import pytest
 
 from configs import default
 from train.config import config_lib
+from train.config import tasks as task_registry
 from train.config.sections import DataConfig
 from train.core import cli
 from train.formats import corpora
@@ -43,6 +44,10 @@ def test_the_docs_reader_with_options_needs_no_line_outside_its_module(monkeypat
         monkeypatch.setitem(corpora.CORPORA, entry.name, entry)
     for name, kind in module.OPTIONS.items():
         monkeypatch.setitem(corpora.OPTIONS, name, kind)
+    # The tasks read the table when train.tasks is imported (after READERS, in a real run).
+    facts = task_registry.task_facts("translation")
+    with_csv = dataclasses.replace(facts, corpora=(*facts.corpora, "csv"))
+    monkeypatch.setitem(task_registry._REGISTERED, "translation", with_csv)
     config = default.get_config()
     assert config.corpora.csv.to_dict() == {"delimiter": ","}
     path = tmp_path / "pairs.csv"
