@@ -26,6 +26,7 @@ from flax_transformer.blocks.layers import DecoderLayer, EncoderLayer, make_laye
 from flax_transformer.checks.arguments import check_model_width
 from flax_transformer.config import TransformerConfig
 from flax_transformer.functional import soft_cap
+from flax_transformer.functional.precision import mixed_dot_general
 from flax_transformer.layers import PositionalEncoding
 from flax_transformer.layers.dropout import Dropout
 from flax_transformer.layers.initializers import partitioned
@@ -247,6 +248,8 @@ class Decoder(nn.Module):
                 use_bias=cfg.output_bias,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
+                # Operands in dtype, sum and logits in float32 (`functional.precision`).
+                dot_general=mixed_dot_general,
                 name="logits",
                 kernel_init=partitioned(
                     nn.initializers.normal(cfg.init_std), (axes.EMBED, axes.VOCAB)

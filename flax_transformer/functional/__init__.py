@@ -39,6 +39,11 @@ from flax_transformer.functional.positions import (
     segment_positions,
     sinusoidal_positions,
 )
+from flax_transformer.functional.precision import (
+    accumulation_dtype,
+    mixed_dot_general,
+    mixed_einsum,
+)
 from flax_transformer.functional.projection import project
 from flax_transformer.functional.soft_cap import soft_cap
 
@@ -49,6 +54,7 @@ __all__ = [
     "MASK_RANKS",
     "MASK_VALUE",
     "RMS_NORM_EPS",
+    "accumulation_dtype",
     "apply_rope",
     "broadcast_mask",
     "causal_mask",
@@ -63,6 +69,8 @@ __all__ = [
     "label_smoothed_cross_entropy",
     "layer_norm",
     "lora_delta",
+    "mixed_dot_general",
+    "mixed_einsum",
     "multi_head_attention",
     "padding_mask",
     "project",

@@ -21,6 +21,7 @@ from flax_transformer.checks.arguments import (
 )
 from flax_transformer.functional.dropout import dropout
 from flax_transformer.functional.masks import as_dense
+from flax_transformer.functional.precision import mixed_einsum
 from flax_transformer.functional.soft_cap import soft_cap
 
 # Score given to a masked (query, key) pair before the softmax. The smallest finite float32:
@@ -142,7 +143,9 @@ def dot_product_attention(
 
     Returns:
       `(out (T, Hv), weights (T, S))`. The scores and softmax run in float32, or in float64
-      when an input is float64 (`softmax_dtype`); `out` is cast back to `q.dtype` and
+      when an input is float64 (`softmax_dtype`); `q . k` and `p . v` take their operands
+      in the inputs' dtype and sum in float32 (`functional.precision`, the weights rounded
+      to `v.dtype` for `p . v`); `out` is cast back to `q.dtype` and
       `weights` stays in the softmax dtype. A query row that may attend to no key gets
       all-zero weights and a zero output (never NaN), and a key that no query may attend
       to (padding) never reaches the output or a gradient, even if its key or value is NaN
@@ -194,7 +197,9 @@ def dot_product_attention(
         seen_S1 = jnp.any(mask_TS, axis=0)[:, None]
         k = jnp.where(seen_S1, k, jnp.zeros((), k.dtype))
         v = jnp.where(seen_S1, v, jnp.zeros((), v.dtype))
-    scores_TS = jnp.einsum("th,sh->ts", q, k, preferred_element_type=dtype)
+    # Both products under the mixed-precision policy (`functional.precision`): operands in
+    # the inputs' dtype, sums in float32.
+    scores_TS = mixed_einsum("th,sh->ts", q, k)
     scores_TS = scores_TS.astype(dtype) * scale
     if logit_softcap is not None:
         scores_TS = soft_cap(scores_TS, logit_softcap)
@@ -210,7 +215,7 @@ def dot_product_attention(
     if dropout_rng is not None and dropout_rate > 0.0:
         used_TS = dropout(used_TS, dropout_rate, dropout_rng)
 
-    out = jnp.einsum("ts,sh->th", used_TS.astype(v.dtype), v)
+    out = mixed_einsum("ts,sh->th", used_TS, v, dtype=v.dtype)
     if mask is not None:
         # A query that sees no key gets zeros, even where a key only others see holds NaN.
         out = jnp.where(jnp.any(mask_TS, axis=1)[:, None], out, jnp.zeros((), out.dtype))

@@ -21,7 +21,10 @@ heads are repeated to N heads first. No weights are returned: `attention_op` run
 reference when they are asked for.
 
 The scores, the running statistics and the sums are float32 for float32, bfloat16 and
-float16 inputs, float64 when an input is float64 (`softmax_dtype`, as the reference).
+float16 inputs, float64 when an input is float64 (`softmax_dtype`, as the reference). Every
+product, forward and backward, follows the mixed-precision policy (`functional.precision`):
+its operands in the inputs' dtype (the scaled queries, the probabilities and the
+cotangents rounded to it), its sum in float32.
 
 Dropout on the weights (`dropout_rate`, `dropout_rng`) is drawn block by block: block j's
 keep mask is `functional.dropout.keep_mask(fold_in(dropout_rng, j), rate, (B, N, T,
@@ -47,6 +50,7 @@ from flax_transformer.functional.attention import (
 )
 from flax_transformer.functional.dropout import dropout
 from flax_transformer.functional.masks import check_causal_lengths
+from flax_transformer.functional.precision import mixed_einsum
 
 # Keys per scan step: scores of a (T, 128) block stay in cache for T up to a few thousand.
 DEFAULT_BLOCK = 128
@@ -103,9 +107,15 @@ def _capped(s_BNTK, cap):
     return s_BNTK if cap is None else cap * jnp.tanh(s_BNTK / cap)
 
 
+def _scores(qs_BTNH, k_BKNH, compute, cap):
+    """The scaled queries against one key block, `(B, N, T, block)` in float32, capped."""
+    return _capped(mixed_einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH, dtype=compute), cap)
+
+
 def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, rate, cap):
     q_len = q_BTNH.shape[1]
     dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
+    compute = jnp.result_type(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
     qs_BTNH = q_BTNH.astype(dtype) * scale
     b, _, n, h = q_BTNH.shape
@@ -120,15 +130,15 @@ def _forward(q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, causal, block, kv_len, 
         j, k_BKNH, v_BKNH = xs
         valid = _block_valid(j, block, kv_len, causal, q_len, *masks)
         k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
-        s_BNTK = _capped(jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH.astype(dtype)), cap)
+        s_BNTK = _scores(qs_BTNH, k_BKNH, compute, cap)
         s_BNTK = jnp.where(valid, s_BNTK, -jnp.inf)
         new_m = jnp.maximum(m_BNT, s_BNTK.max(-1))
         safe_m = jnp.where(jnp.isfinite(new_m), new_m, 0.0)  # no key seen yet: any shift
         p_BNTK = jnp.exp(s_BNTK - safe_m[..., None])  # exp(-inf) = 0 where masked
         rescale = jnp.exp(m_BNT - safe_m)
         l_BNT = l_BNT * rescale + p_BNTK.sum(-1)
-        acc_BNTH = acc_BNTH * rescale[..., None] + jnp.einsum(
-            "bntk,bknh->bnth", _dropped(p_BNTK, j, dropout_key, rate), v_BKNH.astype(dtype)
+        acc_BNTH = acc_BNTH * rescale[..., None] + mixed_einsum(
+            "bntk,bknh->bnth", _dropped(p_BNTK, j, dropout_key, rate), v_BKNH, dtype=compute
         )
         return (new_m, l_BNT, acc_BNTH), None
 
@@ -158,6 +168,7 @@ def _attend_bwd(causal, block, kv_len, rate, cap, res, dout_BTNH):
     q_BTNH, k_BSNH, v_BSNH, masks, dropout_key, out_BTNH, lse_BNT = res
     q_len = q_BTNH.shape[1]
     dtype = softmax_dtype(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
+    compute = jnp.result_type(q_BTNH.dtype, k_BSNH.dtype, v_BSNH.dtype)
     scale = 1.0 / math.sqrt(q_BTNH.shape[-1])
     qs_BTNH = q_BTNH.astype(dtype) * scale
     dout_BTNH = dout_BTNH.astype(dtype)
@@ -171,18 +182,17 @@ def _attend_bwd(causal, block, kv_len, rate, cap, res, dout_BTNH):
         # Zeroed as in the forward pass: dq sums ds * k and dp is dout . v, where a zero
         # ds or p times a NaN key or value would be NaN.
         k_BKNH, v_BKNH = _seen_only(valid, k_BKNH, v_BKNH)
-        k_BKNH, v_BKNH = k_BKNH.astype(dtype), v_BKNH.astype(dtype)
-        s_BNTK = _capped(jnp.einsum("btnh,bknh->bntk", qs_BTNH, k_BKNH), cap)
+        s_BNTK = _scores(qs_BTNH, k_BKNH, compute, cap)
         p_BNTK = jnp.where(valid, jnp.exp(s_BNTK - lse_BNT[..., None]), 0.0)
         pz_BNTK = _dropped(p_BNTK, j, dropout_key, rate)
-        dv_BKNH = jnp.einsum("bntk,btnh->bknh", pz_BNTK, dout_BTNH)
-        dpz_BNTK = jnp.einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH)
+        dv_BKNH = mixed_einsum("bntk,btnh->bknh", pz_BNTK, dout_BTNH, dtype=compute)
+        dpz_BNTK = mixed_einsum("btnh,bknh->bntk", dout_BTNH, v_BKNH, dtype=compute)
         # p * dp with dp = dpz * Z: the dropped probabilities times dpz.
         ds_BNTK = pz_BNTK * dpz_BNTK - p_BNTK * d_BNT[..., None]
         if cap is not None:  # d(c tanh(x / c))/dx = 1 - tanh^2 = 1 - (capped / c)^2
             ds_BNTK = ds_BNTK * (1.0 - jnp.square(s_BNTK / cap))
-        dq_BTNH = dq_BTNH + jnp.einsum("bntk,bknh->btnh", ds_BNTK, k_BKNH) * scale
-        dk_BKNH = jnp.einsum("bntk,btnh->bknh", ds_BNTK, qs_BTNH)
+        dq_BTNH = dq_BTNH + mixed_einsum("bntk,bknh->btnh", ds_BNTK, k_BKNH, dtype=compute) * scale
+        dk_BKNH = mixed_einsum("bntk,btnh->bknh", ds_BNTK, qs_BTNH, dtype=compute)
         return dq_BTNH, (dk_BKNH, dv_BKNH)
 
     num = k_BSNH.shape[1] // block

@@ -42,6 +42,12 @@ def _check_kernels(fn: str, x, w_in, w_out, names: tuple[str, str], biases: dict
         check_param_width(fn, name, b, size)
 
 
+def _common_dtype(*arrays) -> jnp.dtype:
+    """The dtype the arguments promote to (None skipped): the products' compute dtype and
+    the result's, as plain jnp arithmetic on them would give."""
+    return jnp.result_type(*(a for a in arrays if a is not None))
+
+
 # 1 / sqrt(2), the argument scale of erf in Phi(x) = (1 + erf(x / sqrt 2)) / 2.
 _SQRT_HALF = 0.7071067811865476
 
@@ -119,7 +125,9 @@ def feed_forward(
       activation: the nonlinearity between them (ReLU in the paper; GELU in GPT-2).
 
     Returns:
-      `(..., D)`.
+      `(..., D)` in the arguments' common dtype; the two products take their operands in
+      it and sum in float32 (`functional.precision`), the activation runs on the float32
+      sums.
 
     Raises:
       TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
@@ -137,14 +145,18 @@ def feed_forward(
         ("w1_DF", "w2_FD"),
         {"b1_F": (b1_F, hidden), "b2_D": (b2_D, jnp.shape(x_TD)[-1])},
     )
-    h = project(x_TD, w1_DF)
+    # Products in the arguments' common dtype summed in float32 (`functional.precision`);
+    # the bias and the activation run on the float32 sums, rounded once before the next
+    # product and at the end.
+    dtype = _common_dtype(x_TD, w1_DF, b1_F, w2_FD, b2_D)
+    h = project(x_TD.astype(dtype), w1_DF.astype(dtype))
     if b1_F is not None:
         h = h + b1_F
-    h = activation(h)
-    y = project(h, w2_FD)
+    h = activation(h).astype(dtype)
+    y = project(h, w2_FD.astype(dtype))
     if b2_D is not None:
         y = y + b2_D
-    return y
+    return y.astype(dtype)
 
 
 def gated_feed_forward(
@@ -170,7 +182,7 @@ def gated_feed_forward(
       biases: `(bg (F,), bu (F,), bd (D,))`, or None for none (Llama has none).
 
     Returns:
-      `(..., D)`.
+      `(..., D)` in the arguments' common dtype, the products as in `feed_forward`.
 
     Raises:
       TypeError: x is not floating. ValueError: kernels or biases of the wrong shapes.
@@ -199,11 +211,15 @@ def gated_feed_forward(
         ("wg_DF", "wd_FD"),
         {"bg": (bg, hidden), "bu": (bu, hidden), "bd": (bd, width)},
     )
-    gate = project(x_TD, wg_DF)
-    up = project(x_TD, wu_DF)
+    # As in `feed_forward`: products in the common dtype summed in float32, gate and up
+    # combined on the float32 sums and rounded once before the down projection.
+    dtype = _common_dtype(x_TD, wg_DF, wu_DF, wd_FD, bg, bu, bd)
+    x_TD = x_TD.astype(dtype)
+    gate = project(x_TD, wg_DF.astype(dtype))
+    up = project(x_TD, wu_DF.astype(dtype))
     if biases is not None:
         gate, up = gate + bg, up + bu
-    y = project(activation(gate) * up, wd_FD)
+    y = project((activation(gate) * up).astype(dtype), wd_FD.astype(dtype))
     if biases is not None:
         y = y + bd
-    return y
+    return y.astype(dtype)

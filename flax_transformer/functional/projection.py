@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
+
+from flax_transformer.functional import precision
 
 
 def project(x: jax.Array, w: jax.Array) -> jax.Array:
@@ -15,12 +18,16 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
     before a weight-gradient dot that contracts two axes (batch and time) and gives the
     2-D form none (benchmarks/RESULTS.md, "the copies' minimal reproduction").
 
+    The product follows the mixed-precision policy (`functional.precision`): the operands
+    as given (the caller casts them to the compute dtype), the sum and the result in
+    float32 (float64 for float64 operands), not rounded back.
+
     Args:
       x: inputs `(..., D)`.
       w: kernel `(D, *F)`.
 
     Returns:
-      `(..., *F)`.
+      `(..., *F)` in `precision.accumulation_dtype(x.dtype, w.dtype)`.
     """
     if x.ndim < 1 or w.ndim < 1:
         raise ValueError(f"project: x and w need at least one axis, got {x.shape=}, {w.shape=}")
@@ -28,5 +35,6 @@ def project(x: jax.Array, w: jax.Array) -> jax.Array:
     if w.shape[0] != width:
         raise ValueError(f"project: x has {width} features but w has {w.shape[0]} rows")
     rows = x.reshape(math.prod(lead), width)
-    y = rows @ w.reshape(width, math.prod(features))
+    accumulate = precision.accumulation_dtype(rows.dtype, w.dtype)
+    y = jnp.matmul(rows, w.reshape(width, math.prod(features)), preferred_element_type=accumulate)
     return y.reshape(*lead, *features)

@@ -148,7 +148,11 @@ class MultiHeadAttention(nn.Module):
     def _project(
         self, name: str, x_BTD: jax.Array, features: tuple[int, ...], names: tuple[str, ...]
     ) -> jax.Array:
-        """x `(B, T, D)` @ kernel `(D, *features)` (+ bias) -> `(B, T, *features)`."""
+        """x `(B, T, D)` @ kernel `(D, *features)` (+ bias) -> `(B, T, *features)` in `dtype`.
+
+        The product and the bias are summed in float32 and rounded to `dtype` once, for the
+        attention products that take it next (`functional.precision`).
+        """
         width = x_BTD.shape[-1]
         kernel = self.param(
             f"{name}_kernel",
@@ -163,7 +167,7 @@ class MultiHeadAttention(nn.Module):
                 f"{name}_bias", partitioned(zeros_init, names), features, self.param_dtype
             )
             y = y + bias.astype(self.dtype)
-        return y
+        return y.astype(self.dtype)
 
     @nn.compact
     def __call__(
@@ -368,7 +372,8 @@ class MultiHeadAttention(nn.Module):
                 "out_bias", partitioned(zeros_init, (axes.EMBED,)), (width,), self.param_dtype
             )
             y_BTD = y_BTD + b_out.astype(self.dtype)
-        return y_BTD
+        # Summed in float32 (`functional.precision`), rounded once for the residual stream.
+        return y_BTD.astype(self.dtype)
 
 
 def _heads_major(x_BSKH: jax.Array) -> jax.Array:

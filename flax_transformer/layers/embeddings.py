@@ -48,7 +48,8 @@ class Embed(nn.Module):
         return _take_or_nan(self.embedding, ids).astype(self.dtype)
 
     def attend(self, x_BTD: jax.Array) -> jax.Array:
-        """x `(..., D)` -> logits `(..., V)` against the embedding matrix."""
+        """x `(..., D)` -> float32 logits `(..., V)` against the embedding matrix, the
+        operands in `dtype` and the sum in float32 (`functional.precision`)."""
         return project(x_BTD.astype(self.dtype), self.embedding.astype(self.dtype).T)
 
 
