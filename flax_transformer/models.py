@@ -205,6 +205,22 @@ def _params_of(variables: Any) -> Any:
     return variables.get("params") if isinstance(variables, Mapping) else None
 
 
+def _output_head(
+    config: TransformerConfig, variables: Any, embed_name: str
+) -> tuple[jax.Array, jax.Array | None]:
+    """`(kernel (D, V), bias (V,) or None)` of the head, read from `variables` (or its
+    'params'): the tied embedding's transpose or the `logits` kernel, and its bias."""
+    params = nn.unbox(_params_of(variables) or variables)
+    decoder = params["decoder"]
+    if config.tie_output_embedding:
+        kernel_DV = params[embed_name]["embedding"].T
+        bias_V = decoder.get("logits_bias") if config.output_bias else None
+    else:
+        kernel_DV = decoder["logits"]["kernel"]
+        bias_V = decoder["logits"].get("bias") if config.output_bias else None
+    return kernel_DV, bias_V
+
+
 def _embed(cfg: TransformerConfig, vocab_size: int, name: str) -> Embed:
     """A token embedding of the config's width, init and dtypes."""
     return Embed(
@@ -290,6 +306,30 @@ class Transformer(nn.Module):
         `src_segment_ids_BS` and `tgt_segment_ids_BT` (target segment s reads source segment
         s only); `tgt_positions_BT` default to `segment_positions(tgt_segment_ids_BT)`.
         """
+        return self._decode(
+            encoded_BSD,
+            src_BS,
+            tgt_BT,
+            src_segment_ids_BS=src_segment_ids_BS,
+            tgt_segment_ids_BT=tgt_segment_ids_BT,
+            tgt_positions_BT=tgt_positions_BT,
+            deterministic=deterministic,
+            head=True,
+        )
+
+    def _decode(
+        self,
+        encoded_BSD,
+        src_BS,
+        tgt_BT,
+        *,
+        src_segment_ids_BS,
+        tgt_segment_ids_BT,
+        tgt_positions_BT,
+        deterministic: bool,
+        head: bool,
+    ) -> jax.Array:
+        """`decode`, or with `head=False` the final hidden states `(B, T, D)`."""
         cfg = self.config
         checks = cfg.debug_checks
         vocab = cfg.output_vocab_size
@@ -315,8 +355,9 @@ class Transformer(nn.Module):
             cross_mask,
             deterministic=deterministic,
             positions_BT=positions_BT,
+            head=head,
         )
-        chex.assert_shape(logits, (*tgt_BT.shape, cfg.output_vocab_size))
+        chex.assert_shape(logits, (*tgt_BT.shape, cfg.output_vocab_size if head else cfg.d_model))
         return logits
 
     def __call__(
@@ -336,6 +377,30 @@ class Transformer(nn.Module):
         1, 2, ... the examples, the same id for an example's source and target); positions
         default to restarting at 0 in each segment.
         """
+        return self._forward(
+            src_BS,
+            tgt_BT,
+            src_segment_ids_BS=src_segment_ids_BS,
+            tgt_segment_ids_BT=tgt_segment_ids_BT,
+            src_positions_BS=src_positions_BS,
+            tgt_positions_BT=tgt_positions_BT,
+            deterministic=deterministic,
+            head=True,
+        )
+
+    def _forward(
+        self,
+        src_BS,
+        tgt_BT,
+        *,
+        src_segment_ids_BS,
+        tgt_segment_ids_BT,
+        src_positions_BS,
+        tgt_positions_BT,
+        deterministic: bool,
+        head: bool,
+    ) -> jax.Array:
+        """`__call__`, or with `head=False` the final hidden states `(B, T, D)`."""
         src_BS = as_array("Transformer", "src_tokens", src_BS)
         tgt_BT = as_array("Transformer", "tgt_tokens", tgt_BT)
         # Another rank is named by encode/decode's token checks.
@@ -349,7 +414,7 @@ class Transformer(nn.Module):
             positions_BS=src_positions_BS,
             deterministic=deterministic,
         )
-        return self.decode(
+        return self._decode(
             encoded,
             src_BS,
             tgt_BT,
@@ -357,7 +422,43 @@ class Transformer(nn.Module):
             tgt_segment_ids_BT=tgt_segment_ids_BT,
             tgt_positions_BT=tgt_positions_BT,
             deterministic=deterministic,
+            head=head,
         )
+
+    def hidden_states(
+        self,
+        src_BS: jax.Array,
+        tgt_BT: jax.Array,
+        *,
+        src_segment_ids_BS: jax.Array | None = None,
+        tgt_segment_ids_BT: jax.Array | None = None,
+        src_positions_BS: jax.Array | None = None,
+        tgt_positions_BT: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """`__call__` without the head: the decoder's final hidden states `(B, T, D)` in
+        `config.dtype`, after the final norm, for a loss that applies the head itself block
+        by block (`functional.blocked_cross_entropy` with `output_head(params)`). The
+        head's parameters stay in `params`, unread."""
+        return self._forward(
+            src_BS,
+            tgt_BT,
+            src_segment_ids_BS=src_segment_ids_BS,
+            tgt_segment_ids_BT=tgt_segment_ids_BT,
+            src_positions_BS=src_positions_BS,
+            tgt_positions_BT=tgt_positions_BT,
+            deterministic=deterministic,
+            head=False,
+        )
+
+    @nn.nowrap
+    def output_head(self, variables: Any) -> tuple[jax.Array, jax.Array | None]:
+        """The head `(kernel (D, V), bias (V,) or None)` in `variables` (or their 'params'):
+        the target embedding's transpose when tied, else the `logits` kernel. The logits
+        are `hidden_states @ kernel + bias` in float32 (the policy of
+        `functional.precision`), soft-capped by `config.logits_soft_cap`."""
+        name = "embed" if self.config.share_embeddings else "target_embed"
+        return _output_head(self.config, variables, name)
 
     def prefill(
         self,
@@ -468,6 +569,32 @@ class DecoderOnlyTransformer(nn.Module):
             when packed, else 0..T-1.
           deterministic: False turns dropout on ('dropout' rng stream).
         """
+        return self._forward(tokens_BT, segment_ids_BT, positions_BT, deterministic, head=True)
+
+    def hidden_states(
+        self,
+        tokens_BT: jax.Array,
+        *,
+        segment_ids_BT: jax.Array | None = None,
+        positions_BT: jax.Array | None = None,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """`__call__` without the head: the final hidden states `(B, T, D)` in
+        `config.dtype`, after the final norm, for a loss that applies the head itself block
+        by block (`functional.blocked_cross_entropy` with `output_head(params)`). The
+        head's parameters stay in `params`, unread."""
+        return self._forward(tokens_BT, segment_ids_BT, positions_BT, deterministic, head=False)
+
+    @nn.nowrap
+    def output_head(self, variables: Any) -> tuple[jax.Array, jax.Array | None]:
+        """The head `(kernel (D, V), bias (V,) or None)` in `variables` (or their 'params'):
+        the embedding's transpose when tied, else the `logits` kernel. The logits are
+        `hidden_states @ kernel + bias` in float32 (the policy of `functional.precision`),
+        soft-capped by `config.logits_soft_cap`."""
+        return _output_head(self.config, variables, "embed")
+
+    def _forward(self, tokens_BT, segment_ids_BT, positions_BT, deterministic, *, head: bool):
+        """`__call__`, or with `head=False` the final hidden states `(B, T, D)`."""
         cfg = self.config
         checks = cfg.debug_checks
         tokens_BT = check_tokens(
@@ -475,16 +602,17 @@ class DecoderOnlyTransformer(nn.Module):
         )
         names = ("tokens", "segment_ids", "positions")
         positions_BT = _packed_positions(tokens_BT, segment_ids_BT, positions_BT, cfg, names)
-        logits = self.decoder(
+        out = self.decoder(
             tokens_BT,
             None,
             self_attention_mask(tokens_BT, cfg.pad_id, True, segment_ids_BT),
             None,
             deterministic=deterministic,
             positions_BT=positions_BT,
+            head=head,
         )
-        chex.assert_shape(logits, (*tokens_BT.shape, cfg.vocab_size))
-        return logits
+        chex.assert_shape(out, (*tokens_BT.shape, cfg.vocab_size if head else cfg.d_model))
+        return out
 
     def extend(
         self, tokens_BT: jax.Array, cache: dict, *, lengths_B: jax.Array | None = None

@@ -191,6 +191,7 @@ class Decoder(nn.Module):
         positions_BT: jax.Array | None = None,
         cache: dict | None = None,
         cache_index: jax.Array | None = None,
+        head: bool = True,
     ):
         """Decode target tokens or embeddings.
 
@@ -208,10 +209,13 @@ class Decoder(nn.Module):
           cache: from `cache.init_decoder_cache`; the T inputs are written at slots
             `cache_index + t`.
           cache_index: int `(B,)`, with a cache: each sequence's tokens so far.
+          head: False returns the final hidden states `(B, T, D)` (after the final norm)
+            without applying the head, for a loss that applies it block by block
+            (`functional.blocked_cross_entropy`); its parameters are left unread.
 
         Returns:
           float32 logits `(B, T, V)` (soft-capped with `config.logits_soft_cap` > 0), or
-          hidden states `(B, T, D)` when `embed` is None;
+          hidden states `(B, T, D)` in `config.dtype` when `embed` is None or `head` False;
           with a `cache`, the pair `(that, updated cache)`.
         """
         cfg = self.config
@@ -230,7 +234,7 @@ class Decoder(nn.Module):
         y_BTD, cache = stack(y_BTD, args, cache=cache, deterministic=deterministic)
         if cfg.use_final_norm:
             y_BTD = make_layer_norm(cfg, "final_norm")(y_BTD)
-        if self.embed is None:
+        if self.embed is None or not head:
             out = y_BTD
         elif cfg.tie_output_embedding:
             out = self.embed.attend(y_BTD).astype(jnp.float32)
@@ -257,7 +261,7 @@ class Decoder(nn.Module):
                 bias_init=partitioned(nn.initializers.zeros_init(), (axes.VOCAB,)),
             )(y_BTD.reshape(-1, y_BTD.shape[-1]))  # merged rows: see `functional.project`
             out = out.reshape(*y_BTD.shape[:-1], -1).astype(jnp.float32)
-        if self.embed is not None and cfg.logits_soft_cap:
+        if self.embed is not None and head and cfg.logits_soft_cap:
             out = soft_cap(out, cfg.logits_soft_cap)
         return out if cache is None else (out, cache)
 

@@ -14,6 +14,7 @@ from flax_transformer.functional.attention import (
     simple_self_attention,
     softmax_dtype,
 )
+from flax_transformer.functional.blocked_loss import DEFAULT_BLOCK_ROWS, blocked_cross_entropy
 from flax_transformer.functional.dropout import dropout, keep_mask
 from flax_transformer.functional.feed_forward import (
     feed_forward,
@@ -49,6 +50,7 @@ from flax_transformer.functional.soft_cap import soft_cap
 
 __all__ = [
     "AttentionMask",
+    "DEFAULT_BLOCK_ROWS",
     "DEFAULT_ROPE_BASE",
     "LAYER_NORM_EPS",
     "MASK_RANKS",
@@ -56,6 +58,7 @@ __all__ = [
     "RMS_NORM_EPS",
     "accumulation_dtype",
     "apply_rope",
+    "blocked_cross_entropy",
     "broadcast_mask",
     "causal_mask",
     "combine_masks",
