@@ -29,7 +29,7 @@ from train.config.sections import DataConfig, EvalConfig
 from train.config.tasks import TaskFacts
 from train.data.batching import Side, SideTokens, example_slots
 from train.data.tokenizer import DEFAULT_SPECIALS, PAD_ID, SpecialIds, Tokenizer
-from train.tasks.common.objective import LossSetup, token_cross_entropy, token_eval_sums
+from train.tasks.common.objective import LossSetup, head_cross_entropy, head_eval_sums
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
 _INIT_BATCH_SHAPE = (1, 8)
@@ -130,6 +130,14 @@ class Task:
         """
         raise NotImplementedError
 
+    def hidden_and_labels(
+        self, model: nn.Module, params: Any, batch, *, deterministic: bool, rngs=None
+    ) -> tuple[jax.Array, jax.Array]:
+        """`logits_and_labels` before the head: `(B, L, D)` final hidden states (the
+        model's `hidden_states`) and `(B, L)` labels, for the default objective, which
+        applies the head block by block."""
+        raise NotImplementedError
+
     # The objective: what the step differentiates and reports (`train.program.steps`).
 
     def loss(
@@ -143,20 +151,21 @@ class Task:
         rngs=None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """The mean loss of a batch (what the step differentiates) and the metric sums it
-        reports; by default label-smoothed token cross-entropy of `logits_and_labels`
-        (`train.tasks.common.objective.token_cross_entropy`). A task with another objective
+        reports; by default label-smoothed token cross-entropy of `hidden_and_labels`
+        through the model's head, block by block
+        (`train.tasks.common.objective.head_cross_entropy`). A task with another objective
         (pairs of replies, a reference model) overrides this and `eval_sums`."""
-        logits, labels = self.logits_and_labels(
+        hidden, labels = self.hidden_and_labels(
             model, params, batch, deterministic=deterministic, rngs=rngs
         )
-        return token_cross_entropy(logits, labels, setup)
+        return head_cross_entropy(model, params, hidden, labels, setup)
 
     def eval_sums(
         self, model: nn.Module, params: Any, batch, setup: LossSetup
     ) -> dict[str, jax.Array]:
         """Metric sums of one validation batch, without dropout or label smoothing."""
-        logits, labels = self.logits_and_labels(model, params, batch, deterministic=True)
-        return token_eval_sums(logits, labels, setup)
+        hidden, labels = self.hidden_and_labels(model, params, batch, deterministic=True)
+        return head_eval_sums(model, params, hidden, labels, setup)
 
     def fields(self, example) -> tuple:
         """The sentences (texts, or their token ids) an example is made of, in file order."""

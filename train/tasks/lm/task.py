@@ -45,14 +45,22 @@ class LanguageModelTask(Task):
         return (jnp.ones(_INIT_BATCH_SHAPE, jnp.int32),)
 
     def logits_and_labels(self, model, params, batch, *, deterministic, rngs=None):
-        logits = model.apply(
+        return self._outputs(model, params, batch, deterministic, rngs, model.__call__)
+
+    def hidden_and_labels(self, model, params, batch, *, deterministic, rngs=None):
+        return self._outputs(model, params, batch, deterministic, rngs, model.hidden_states)
+
+    def _outputs(self, model, params, batch, deterministic, rngs, method):
+        """The model's `method` (logits, or hidden states) over the batch, and the labels."""
+        out = model.apply(
             {"params": params},
             batch["inputs"],
             segment_ids_BT=batch.get("segment_ids"),
             deterministic=deterministic,
             rngs=rngs,
+            method=method,
         )
-        return logits, batch["targets"]
+        return out, batch["targets"]
 
     def fields(self, example):
         return (example,)

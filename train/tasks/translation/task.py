@@ -85,7 +85,14 @@ class TranslationTask(Task):
         return dummy, dummy
 
     def logits_and_labels(self, model, params, batch, *, deterministic, rngs=None):
-        logits = model.apply(
+        return self._outputs(model, params, batch, deterministic, rngs, model.__call__)
+
+    def hidden_and_labels(self, model, params, batch, *, deterministic, rngs=None):
+        return self._outputs(model, params, batch, deterministic, rngs, model.hidden_states)
+
+    def _outputs(self, model, params, batch, deterministic, rngs, method):
+        """The model's `method` (logits, or hidden states) over the batch, and the labels."""
+        out = model.apply(
             {"params": params},
             batch["src"],
             batch["tgt_in"],
@@ -93,8 +100,9 @@ class TranslationTask(Task):
             tgt_segment_ids_BT=batch.get("tgt_segment_ids"),
             deterministic=deterministic,
             rngs=rngs,
+            method=method,
         )
-        return logits, batch["tgt_out"]
+        return out, batch["tgt_out"]
 
     def fields(self, example):
         source, target = example
