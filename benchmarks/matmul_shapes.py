@@ -2,6 +2,7 @@
 
     python -m benchmarks.matmul_shapes                  # dec_small / encdec steps
     python -m benchmarks.matmul_shapes nanogpt_gpu      # nanoGPT's GPU recipe on 8 rows
+    python -m benchmarks.matmul_shapes default f32,bf16,bf16_f32   # jax's dtype axis
 
 A minimal reproduction for the training-speed gap to torch eager on a CPU: if XLA runs the
 step's own matmul shapes (forward and both gradient forms) slower than torch does, the gap
@@ -10,6 +11,12 @@ attention products are the batched ones of the encdec and dec_small steps (one s
 product per sequence and head, B x N of them, where torch calls one bmm). Each framework
 runs in its own process (their thread pools would interfere); each shape is timed as the
 median of 20 calls after a warm-up, float32.
+
+The dtype axis (jax only; issue 58): `f32` float32; `bf16` bfloat16 operands and a
+bfloat16 result; `bf16_f32` bfloat16 operands summed into a float32 result
+(`preferred_element_type`, the library's mixed-precision policy). XLA runs the last on a
+CPU's bfloat16 matrix units where it has them (AMX); without them both bfloat16 forms are
+emulated. Each dtype runs in its own process too.
 """
 
 from __future__ import annotations
@@ -77,22 +84,31 @@ def _operands(g, m, k, n, ta, tb, make):
 _STEPS = 20
 
 
-def _time_jax(shapes) -> dict[str, float]:
+# jax's dtype axis: (operand dtype, result dtype) by name.
+JAX_DTYPES = {
+    "f32": ("float32", "float32"),
+    "bf16": ("bfloat16", "bfloat16"),
+    "bf16_f32": ("bfloat16", "float32"),
+}
+
+
+def _time_jax(shapes, dtype: str = "f32") -> dict[str, float]:
     import time
 
     import jax
     import jax.numpy as jnp
     import numpy as np
 
+    operand, result = (jnp.dtype(d) for d in JAX_DTYPES[dtype])
     out = {}
     rng = np.random.default_rng(0)
     for name, g, m, k, n, ta, tb in shapes:
-        a, b = _operands(
-            g, m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-        )
+        a, b = _operands(g, m, k, n, ta, tb, lambda s: jnp.asarray(rng.standard_normal(s), operand))
         f = jax.jit(
-            lambda x, y, ta=ta, tb=tb: (
-                (x.swapaxes(-1, -2) if ta else x) @ (y.swapaxes(-1, -2) if tb else y)
+            lambda x, y, ta=ta, tb=tb: jnp.matmul(
+                x.swapaxes(-1, -2) if ta else x,
+                y.swapaxes(-1, -2) if tb else y,
+                preferred_element_type=result,
             )
         )
         f(a, b).block_until_ready()
@@ -130,20 +146,30 @@ def main() -> None:
     args = sys.argv[1:]
     if args and args[0] in ("jax", "torch"):  # a worker: time one framework, print JSON
         shapes = SHAPE_SETS[args[1] if len(args) > 1 else "default"]
-        print(json.dumps(_time_jax(shapes) if args[0] == "jax" else _time_torch(shapes)))
+        if args[0] == "jax":
+            print(json.dumps(_time_jax(shapes, args[2] if len(args) > 2 else "f32")))
+        else:
+            print(json.dumps(_time_torch(shapes)))
         return
     set_name = args[0] if args else "default"
     if set_name not in SHAPE_SETS:
         sys.exit(f"unknown shape set {set_name!r}; choose one of {sorted(SHAPE_SETS)}")
-    results = {}
-    for framework in ("jax", "torch"):
+    dtypes = args[1].split(",") if len(args) > 1 else ["f32"]
+    unknown = [d for d in dtypes if d not in JAX_DTYPES]
+    if unknown or "f32" not in dtypes:
+        sys.exit(f"dtypes {args[1]!r}: choose among {sorted(JAX_DTYPES)}, f32 included")
+
+    def worker(*worker_args):
         run = subprocess.run(
-            [sys.executable, "-m", "benchmarks.matmul_shapes", framework, set_name],
+            [sys.executable, "-m", "benchmarks.matmul_shapes", *worker_args],
             capture_output=True,
             text=True,
             check=True,
         )
-        results[framework] = json.loads(run.stdout.strip().splitlines()[-1])
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    results = {"jax": worker("jax", set_name, "f32"), "torch": worker("torch", set_name)}
+    by_dtype = {d: results["jax"] if d == "f32" else worker("jax", set_name, d) for d in dtypes}
     print(f"# machine: {machine_line()}; float32, median of {_STEPS}; shapes {set_name}")
     head = f"{'matmul ([G x] M x K x N)':<42} {'jax GFLOP/s':>12} {'torch GFLOP/s':>14}"
     print(f"{head} {'jax/torch':>10}")
@@ -160,6 +186,25 @@ def main() -> None:
         f"all shapes once: jax {1e3 * totals['jax']:.1f} ms, torch "
         f"{1e3 * totals['torch']:.1f} ms (jax/torch speed {ratio:.2f})"
     )
+    if len(dtypes) > 1:
+        _print_dtypes(set_name, dtypes, by_dtype)
+
+
+def _print_dtypes(set_name: str, dtypes: list[str], by_dtype: dict) -> None:
+    """jax's GFLOP/s per shape and dtype, and each dtype's speed against float32."""
+    print(f"\n# jax by dtype (operands -> result), GFLOP/s; shapes {set_name}")
+    print(f"{'matmul ([G x] M x K x N)':<42} " + " ".join(f"{d:>9}" for d in dtypes))
+    totals = dict.fromkeys(dtypes, 0.0)
+    for name, g, m, k, n, _, _ in SHAPE_SETS[set_name]:
+        flops = 2 * g * m * k * n
+        label = f"{name} ({g}x{m}x{k}x{n})" if g > 1 else f"{name} ({m}x{k}x{n})"
+        cells = []
+        for d in dtypes:
+            totals[d] += by_dtype[d][name]
+            cells.append(f"{flops / by_dtype[d][name] / 1e9:9.1f}")
+        print(f"{label:<42} " + " ".join(cells))
+    speed = ", ".join(f"{d} {totals['f32'] / totals[d]:.2f}x" for d in dtypes)
+    print(f"all shapes once, speed against f32: {speed}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import ml_collections
 from flax_transformer import sharding as sharding_lib
 from train.config import config_lib
 from train.config.sections import Experiment
-from train.core import distributed
+from train.core import compute_dtype, distributed
 from train.core.failures import Preempted
 from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir
 from train.data.batching import RowShare
@@ -224,6 +224,15 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     del loaded
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     logging.info("Model: %s parameters on %d device(s).", f"{num_params:,}", mesh.size)
+    if jax.default_backend() == "cpu":
+        # What the host would choose (train.core.compute_dtype), beside what the config
+        # runs: the config's dtype is used as it is.
+        host = compute_dtype.choose_compute_dtype(compute_dtype.cpu_flags())
+        logging.info(
+            "Compute dtype %s (the config's); this CPU host's choice: %s.",
+            jnp.dtype(program.model.config.dtype).name,
+            host.reason,
+        )
     if source is not None:
         labels = finetune.param_labels(experiment.optimizer, experiment.model)
         logging.info(finetune.summary(state.params, state.opt_state, labels))
