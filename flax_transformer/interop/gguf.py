@@ -1,0 +1,477 @@
+"""GGUF files (llama.cpp's format, what Ollama and LM Studio run) in and out of
+`DecoderOnlyTransformer`, with the `gguf` package (llama.cpp's own reader and writer,
+imported when called).
+
+`read_gguf(path)` gives `(config, variables, vocab, chat_template)` of a Llama-family file
+(`general.architecture` 'llama': Llama, Mistral, SmolLM, TinyLlama...); `write_gguf` writes
+one that llama.cpp runs. The tensors, in llama.cpp's names (`(rows, columns)`, as
+`torch.nn.Linear` weights):
+
+    token_embd (V, D)                     Hugging Face model.embed_tokens
+    blk.i.attn_norm, ffn_norm (D,)        layers.i.input_layernorm, post_attention_layernorm
+    blk.i.attn_q, attn_k, attn_v, attn_output
+                                          layers.i.self_attn.{q,k,v,o}_proj
+    blk.i.ffn_gate, ffn_up, ffn_down      layers.i.mlp.{gate,up,down}_proj
+    output_norm (D,), output (V, D)       model.norm, lm_head (absent: tied embeddings)
+
+llama.cpp's RoPE rotates adjacent pairs of dimensions, Hugging Face's (and ours) the two
+halves of a head: llama.cpp's converter reorders the rows of attn_q and attn_k within each
+head so that head h's row (h, pair, i) goes to (h, i, pair); `write_gguf` does the same and
+`read_gguf` undoes it.
+
+The vocabulary is exactly the file's (`GGUFVocab`, V tokens). Our models mask `pad_id` keys
+and every id of a GGUF vocabulary is a real token, so the config `read_gguf` returns names
+a real token as `pad_id` (the file's padding id where it has one): text holding that token
+is attended to differently from llama.cpp. The training program reads GGUF files with an
+added pad id V instead (`vocab_size` V + 1), as `load_llama` does, and `train.export`
+removes it again before writing.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import types
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flax_transformer.config import TransformerConfig
+from flax_transformer.interop._util import dummy_tokens, finish_params, stack_layers
+from flax_transformer.interop.gguf_vocab import GGUFVocab
+from flax_transformer.interop.llama import _layer_params, llama_config, llama_tensors
+from flax_transformer.models import DecoderOnlyTransformer
+
+# The architecture read and written (`general.architecture`).
+ARCHITECTURE = "llama"
+# Tensor types read (dequantized by `gguf.quants`): floats, block formats and k-quants.
+READ_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
+# `write_gguf(type=...)` -> the GGML type of the matrices, and `general.file_type`
+# (llama.cpp's LlamaFileType). Norm scales are always F32, as llama.cpp's converter writes.
+WRITE_TYPES = {
+    "f32": ("F32", "ALL_F32"),
+    "f16": ("F16", "MOSTLY_F16"),
+    "bf16": ("BF16", "MOSTLY_BF16"),
+    "q8_0": ("Q8_0", "MOSTLY_Q8_0"),
+}
+# Defaults of keys a file may leave out (transformers' LlamaConfig defaults).
+DEFAULT_CONTEXT = 2048
+DEFAULT_RMS_EPS = 1e-6
+DEFAULT_ROPE_BASE = 10000.0
+
+TOP_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+_HF_LAYER_TENSOR = re.compile(r"model\.layers\.(\d+)\.(.+)\.weight")
+_GGUF_LAYER_NAMES = {hf: gguf_name for gguf_name, hf in LAYER_TENSORS.items()}
+
+
+def hf_tensor_name(name: str) -> str:
+    """The Hugging Face name of the GGUF tensor `name` (the module docstring's table).
+
+    Raises:
+        ValueError: a tensor a Llama model here has no place for (named).
+    """
+    if name in TOP_TENSORS:
+        return TOP_TENSORS[name]
+    match = _LAYER_TENSOR.fullmatch(name)
+    if match and match[2] in LAYER_TENSORS:
+        return f"model.layers.{match[1]}.{LAYER_TENSORS[match[2]]}.weight"
+    raise ValueError(
+        f"holds tensor {name}, which a Llama model here has no place for (biases, experts "
+        "and scaled-RoPE frequencies are not supported)"
+    )
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """The GGUF name of a Hugging Face Llama tensor name (the inverse of `hf_tensor_name`)."""
+    for gguf_name, name in TOP_TENSORS.items():
+        if name == hf_name:
+            return gguf_name
+    match = _HF_LAYER_TENSOR.fullmatch(hf_name)
+    return f"blk.{match[1]}.{_GGUF_LAYER_NAMES[match[2]]}.weight"
+
+
+def to_llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """q_proj / k_proj `(heads * H, D)` rows in llama.cpp's order: each head's two halves
+    interleaved pairwise (row (h, pair, i) -> (h, i, pair))."""
+    rows, columns = weight.shape
+    split = weight.reshape(heads, 2, rows // heads // 2, columns)
+    return split.swapaxes(1, 2).reshape(rows, columns)
+
+
+def from_llama_cpp_rows(weight: np.ndarray, heads: int) -> np.ndarray:
+    """The inverse of `to_llama_cpp_rows`: llama.cpp's q / k rows in Hugging Face's order."""
+    rows, columns = weight.shape
+    split = weight.reshape(heads, rows // heads // 2, 2, columns)
+    return split.swapaxes(1, 2).reshape(rows, columns)
+
+
+def llama_hf_config_from_gguf(
+    meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, Any]:
+    """A GGUF file's `llama.*` metadata as a `LlamaForCausalLM` config.json (the keys
+    transformers' GGUF loader gives).
+
+    Args:
+        meta: the file's metadata (key -> value).
+        shapes: Hugging Face tensor name -> `(rows, columns)`.
+
+    Raises:
+        ValueError: another architecture, a mixture of experts, RoPE on part of each head,
+            a missing key, or a vocabulary that disagrees with the tensors (named).
+    """
+    architecture = meta.get("general.architecture")
+    if architecture != ARCHITECTURE:
+        raise ValueError(
+            f"architecture {architecture!r} is not supported; the GGUF reader reads files of "
+            f"the Llama family ({ARCHITECTURE!r})"
+        )
+
+    def key(name: str, default: Any = None, *, required: bool = False) -> Any:
+        value = meta.get(f"{ARCHITECTURE}.{name}", default)
+        if value is None and required:
+            raise ValueError(f"has no {ARCHITECTURE}.{name}: not a whole Llama GGUF file")
+        return value
+
+    if key("expert_count", 0):
+        raise ValueError(
+            f"is a mixture of experts ({ARCHITECTURE}.expert_count={key('expert_count')}); "
+            "only dense Llama models are read"
+        )
+    width = key("embedding_length", required=True)
+    heads = key("attention.head_count", required=True)
+    head_dim = key("attention.key_length", width // heads)
+    rotary = key("rope.dimension_count", head_dim)
+    if rotary != head_dim:
+        raise ValueError(
+            f"rotates {rotary} of {head_dim} dimensions per head ({ARCHITECTURE}.rope."
+            "dimension_count); only models with RoPE on whole heads are read"
+        )
+    scaling = key("rope.scaling.type", "none")
+    theta = float(key("rope.freq_base", DEFAULT_ROPE_BASE))
+    vocab = _vocab_size(meta, shapes)
+    tokens = meta["tokenizer.ggml.tokens"]
+
+    def token_id(name: str) -> int | None:
+        value = meta.get(f"tokenizer.ggml.{name}")
+        return value if value is not None and 0 <= value < len(tokens) else None
+
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": vocab,
+        "hidden_size": width,
+        "intermediate_size": key("feed_forward_length", required=True),
+        "num_hidden_layers": key("block_count", required=True),
+        "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": key("context_length", DEFAULT_CONTEXT),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", DEFAULT_RMS_EPS)),
+        "rope_theta": theta,  # read by transformers < 5
+        # A scaled RoPE ('linear', 'yarn') goes to llama_config, which refuses it by name.
+        "rope_parameters": {
+            "rope_type": "default" if scaling == "none" else scaling,
+            "rope_theta": theta,
+        },
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": token_id("bos_token_id"),
+        "eos_token_id": token_id("eos_token_id"),
+        "pad_token_id": token_id("padding_token_id"),
+        "torch_dtype": "float32",
+    }
+
+
+def _vocab_size(meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> int:
+    """V: the token list's length, which the embedding (and output layer, and
+    `llama.vocab_size` where present) must agree with."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError("has no tokenizer.ggml.tokens: the model's vocabulary is missing")
+    vocab = len(tokens)
+    if "model.embed_tokens.weight" not in shapes:
+        raise ValueError("has no token_embd.weight: not a whole Llama GGUF file")
+    counts = [(f"{ARCHITECTURE}.vocab_size is {{}}", meta.get(f"{ARCHITECTURE}.vocab_size"))]
+    for gguf_name in ("token_embd.weight", "output.weight"):
+        if TOP_TENSORS[gguf_name] in shapes:
+            counts.append((f"{gguf_name} has {{}} rows", shapes[TOP_TENSORS[gguf_name]][0]))
+    for what, count in counts:
+        if count is not None and count != vocab:
+            raise ValueError(
+                f"its vocabulary (tokenizer.ggml.tokens) has {vocab} tokens but "
+                f"{what.format(count)}: the tokenizer does not belong to these weights; "
+                "convert the model again (llama.cpp's convert_hf_to_gguf.py)"
+            )
+    return vocab
+
+
+def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A GGUF file's metadata (key -> value) and tensors (GGUF name -> the reader's
+    `ReaderTensor`, whose `.data` maps the file's bytes).
+
+    Raises:
+        ValueError: not readable as GGUF (truncated, damaged, or a newer format), one line
+            without the path (the callers name it).
+    """
+    import importlib.metadata
+
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as err:  # the reader raises ValueError, KeyError, IndexError...
+        reason = f"{type(err).__name__}: {err}"
+        if "GGMLQuantizationType" in str(err) or "version" in str(err):
+            raise ValueError(
+                f"cannot be read by gguf {importlib.metadata.version('gguf')} ({reason}): a "
+                "newer format or tensor type; upgrade gguf (pip install -U gguf)"
+            ) from None
+        raise ValueError(
+            f"cannot be read as a GGUF file ({reason}): it is truncated or damaged; copy or "
+            "download it again"
+        ) from None
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    return meta, {tensor.name: tensor for tensor in reader.tensors}
+
+
+def read_gguf(
+    path: str | os.PathLike, *, pad_id: int | None = None, **config_overrides
+) -> tuple[TransformerConfig, dict, GGUFVocab, str | None]:
+    """Read a Llama-family GGUF file: model, weights (dequantized to float32), vocabulary
+    and chat template.
+
+    The vocabulary is exactly the file's: `config.vocab_size` is its V, with no pad id
+    added (the training program adds one, id V, when it fine-tunes from a GGUF file).
+    `config.pad_id` is then a real token, whose keys our model masks: `pad_id` if given,
+    else the file's padding id, else its EOS id, else 0.
+
+    Args:
+        path: the .gguf file.
+        pad_id: the id to mask as padding (see above).
+        **config_overrides: fields of the returned config to change (`scan_layers=True`,
+            `param_dtype='bfloat16'`, ...).
+
+    Returns:
+        `(config, variables, vocab, chat_template)`:
+        `DecoderOnlyTransformer(config).apply(variables, tokens_BT)` gives logits
+        `(B, T, V)`; `vocab.tokenizer()` is the `tokenizers.Tokenizer` that encodes as
+        llama.cpp does; `chat_template` is `tokenizer.chat_template` (None if absent).
+
+    Raises:
+        ValueError: not a readable GGUF file, another architecture, a tensor type not
+            dequantized here, a vocabulary kind not read here, or one that disagrees with
+            the weights; one line naming the file and the reason.
+    """
+    import gguf
+
+    try:
+        meta, table = read_metadata(path)
+        tensors = {hf_tensor_name(name): t for name, t in table.items()}
+        for tensor in table.values():
+            if tensor.tensor_type.name not in READ_TYPES:
+                raise ValueError(
+                    f"tensor {tensor.name} is {tensor.tensor_type.name}, a type not dequantized "
+                    f"here ({', '.join(READ_TYPES)}); requantize the model to one of them"
+                )
+        shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in tensors.items()}
+        hf_config = llama_hf_config_from_gguf(meta, shapes)
+        vocab = GGUFVocab.from_metadata(meta)
+        chosen = [pad_id, vocab.pad_id, vocab.eos_id, 0]
+        exact = {"vocab_size": len(vocab), "pad_id": next(i for i in chosen if i is not None)}
+        overrides = exact | config_overrides
+        config = llama_config(types.SimpleNamespace(**hf_config), **overrides)
+    except ValueError as err:
+        raise ValueError(f"{os.fspath(path)}: {err}") from None
+    heads = {"q_proj": config.num_heads, "k_proj": config.kv_heads}
+
+    def read(name: str) -> np.ndarray:
+        tensor = tensors[name]
+        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
+        array = array.reshape(shapes[name])
+        kind = name.rsplit(".", 2)[-2]
+        return from_llama_cpp_rows(array, heads[kind]) if kind in heads else array
+
+    def module(prefix: str, names: tuple[str, ...]) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            **{n: types.SimpleNamespace(weight=read(f"{prefix}.{n}.weight")) for n in names}
+        )
+
+    layers = []
+    for i in range(config.decoder_layers):
+        prefix = f"model.layers.{i}"
+        layer = types.SimpleNamespace(
+            self_attn=module(f"{prefix}.self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
+            mlp=module(f"{prefix}.mlp", ("gate_proj", "up_proj", "down_proj")),
+            **module(prefix, ("input_layernorm", "post_attention_layernorm")).__dict__,
+        )
+        layers.append(_layer_params(layer, config, f"layers.{i}"))
+    decoder = stack_layers(layers, config)
+    decoder["final_norm"] = {"scale": read("model.norm.weight")}
+    embedding = read("model.embed_tokens.weight")
+    if not config.tie_output_embedding:
+        decoder["logits"] = {"kernel": read("lm_head.weight").T}
+    params = {"embed": {"embedding": embedding}, "decoder": decoder}
+    variables = finish_params(params, DecoderOnlyTransformer(config), config, dummy_tokens())
+    return config, variables, vocab, meta.get("tokenizer.chat_template")
+
+
+def write_gguf(
+    path: str | os.PathLike,
+    config: TransformerConfig,
+    variables: Any,
+    vocab: GGUFVocab,
+    chat_template: str | None = None,
+    *,
+    type: str = "f16",
+    name: str | None = None,
+) -> pathlib.Path:
+    """Write a Llama-family `DecoderOnlyTransformer` as a GGUF file llama.cpp runs.
+
+    What llama.cpp's converter (`convert_hf_to_gguf.py`) writes for a `LlamaForCausalLM`:
+    the `llama.*` architecture keys, the vocabulary (`vocab.metadata()`), the chat
+    template, q and k rows in llama.cpp's order (the module docstring), `output.weight`
+    only for an untied head. Matrices in `type`; norm scales in F32; with 'q8_0', a matrix
+    whose rows are not a whole number of 32-value blocks is written F16, as the converter
+    does. The file is written beside `path` under a temporary name and renamed when whole.
+
+    Args:
+        path: the .gguf file to write (replaced if it exists).
+        config: RMSNorm, RoPE, SwiGLU, pre-norm, no biases, unscaled embeddings, no QK-norm
+            and no LoRA (merge it first: `flax_transformer.merge_lora`).
+        variables: `{'params': ...}` of `DecoderOnlyTransformer(config)` (scanned or not).
+        vocab: the V tokens of the model's tokenizer (`config.vocab_size` == V; a model with
+            an added pad id must drop it first), e.g. `GGUFVocab.from_tokenizer(...)`.
+        chat_template: the Jinja chat template (`tokenizer.chat_template`), or None.
+        type: 'f32', 'f16', 'bf16' or 'q8_0' (`WRITE_TYPES`).
+        name: `general.name` (default: the file's stem).
+
+    Returns:
+        The file's path.
+
+    Raises:
+        ValueError: a model llama.cpp's 'llama' architecture cannot run (named), a
+            vocabulary of another size, or an unknown type; raised before anything is
+            written.
+    """
+    if type not in WRITE_TYPES:
+        raise ValueError(f"write_gguf: type={type!r}; choose one of {sorted(WRITE_TYPES)}.")
+    if not isinstance(vocab, GGUFVocab):
+        raise ValueError(
+            f"write_gguf: vocab is a {vocab.__class__.__name__}; pass a GGUFVocab "
+            "(GGUFVocab.from_tokenizer(tokenizer, ...) for a Hugging Face tokenizer)."
+        )
+    tensors = llama_tensors(config, variables, caller="write_gguf")
+    if config.activation != "swiglu":
+        raise ValueError(
+            f"write_gguf: activation={config.activation!r}; llama.cpp's 'llama' architecture "
+            "runs SwiGLU (SiLU-gated) feed-forwards only."
+        )
+    if config.vocab_size != len(vocab):
+        raise ValueError(
+            f"write_gguf: the model has vocab_size={config.vocab_size} but the vocabulary "
+            f"{len(vocab)} tokens; a model with an added pad id must drop that row first "
+            "(train.export does)."
+        )
+    import gguf
+
+    matrix_type, file_type = WRITE_TYPES[type]
+    heads = {"q_proj": config.num_heads, "k_proj": config.kv_heads}
+    encoded = {}
+    for hf_name in list(tensors):
+        array = tensors.pop(hf_name)  # the float32 copy goes once encoded
+        kind = hf_name.rsplit(".", 2)[-2]
+        if kind in heads:
+            array = to_llama_cpp_rows(array, heads[kind])
+        qtype = gguf.GGMLQuantizationType[matrix_type if array.ndim == 2 else "F32"]
+        if qtype.name == "Q8_0" and array.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+            qtype = gguf.GGMLQuantizationType.F16
+        encoded[gguf_tensor_name(hf_name)] = (gguf.quants.quantize(array, qtype), qtype)
+    path = pathlib.Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(temporary, ARCHITECTURE)
+    try:
+        _add_metadata(writer, gguf, config, vocab, chat_template, name or path.stem, file_type)
+        for gguf_name, (data, qtype) in encoded.items():
+            writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(temporary, path)
+    except BaseException:
+        writer.close()
+        temporary.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# GGUFVocab.metadata()'s keys -> the GGUFWriter method that writes each.
+_VOCAB_WRITERS = {
+    "tokenizer.ggml.model": "add_tokenizer_model",
+    "tokenizer.ggml.pre": "add_tokenizer_pre",
+    "tokenizer.ggml.tokens": "add_token_list",
+    "tokenizer.ggml.token_type": "add_token_types",
+    "tokenizer.ggml.merges": "add_token_merges",
+    "tokenizer.ggml.bos_token_id": "add_bos_token_id",
+    "tokenizer.ggml.eos_token_id": "add_eos_token_id",
+    "tokenizer.ggml.unknown_token_id": "add_unk_token_id",
+    "tokenizer.ggml.padding_token_id": "add_pad_token_id",
+    "tokenizer.ggml.add_bos_token": "add_add_bos_token",
+    "tokenizer.ggml.add_eos_token": "add_add_eos_token",
+}
+
+
+def _add_metadata(writer, gguf, config, vocab, chat_template, name, file_type) -> None:
+    """The keys llama.cpp reads for a 'llama' model, as its converter writes them."""
+    writer.add_name(name)
+    writer.add_context_length(config.max_len)
+    writer.add_embedding_length(config.d_model)
+    writer.add_block_count(config.decoder_layers)
+    writer.add_feed_forward_length(config.d_ff)
+    writer.add_head_count(config.num_heads)
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_rope_freq_base(config.rope_base)
+    writer.add_layer_norm_rms_eps(config.layer_norm_eps)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_file_type(gguf.LlamaFileType[file_type])
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, value in vocab.metadata().items():
+        getattr(writer, _VOCAB_WRITERS[key])(value)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
