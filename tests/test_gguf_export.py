@@ -220,3 +220,96 @@ def test_read_refuses_another_architecture_naming_the_file(vocab_parts, tmp_path
     written = gguf_files.write_tiny_gguf(tmp_path, *vocab_parts, hf_dir=False, architecture="qwen2")
     with pytest.raises(ValueError, match=f"^{written.path}: architecture 'qwen2' is not supported"):
         read_gguf(written.path)
+
+
+# The program: `python -m train.export --format gguf`.
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, vocab_parts):
+    """A run fine-tuned with LoRA (q and v, 2 steps) from a tiny quantized GGUF file."""
+    from configs import finetune_gpt2
+    from train.program import loop as train_lib
+
+    root = tmp_path_factory.mktemp("run")
+    written = gguf_files.write_tiny_gguf(root, *vocab_parts, hf_dir=False)
+    corpus = root / "kjv.txt"
+    corpus.write_text("\n".join(load_kjv_lines(collapse=False)[3000:3400]) + "\n")
+    config = finetune_gpt2.get_config()
+    config.update(
+        init_from=str(written.path),
+        corpus="text",
+        corpus_path=str(corpus),
+        max_len=32,
+        batch_size=4,
+        num_train_steps=2,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        schedule="constant",
+        eval_every_steps=1000,
+        num_eval_batches=1,
+        async_checkpoints=False,
+        max_decode_len=4,
+    )
+    config.model.dropout_rate = 0.0
+    config.model.lora_rank = 2
+    config.model.lora_targets = ("q", "v")
+    train_lib.train_and_evaluate(config, str(root / "run"))
+    return root / "run", written
+
+
+def test_a_lora_run_exports_merged_with_the_files_vocabulary(lora_run, tmp_path):
+    from train.export import write_trained_gguf
+    from train.program.trained import load_trained
+
+    workdir, written = lora_run
+    trained = load_trained(workdir)
+    out = write_trained_gguf(trained, workdir, tmp_path / "run.gguf", "f32")
+    config, variables, vocab, template = read_gguf(out)
+    source_vocab = read_gguf(written.path)[2]
+    assert vocab == source_vocab and template == gguf_files.CHAT_TEMPLATE
+    assert config.vocab_size == trained.model.config.vocab_size - 1  # the added pad id gone
+    ids = np.random.default_rng(2).integers(0, config.vocab_size, (2, 16))
+    ids[np.isin(ids, [config.pad_id, trained.model.config.pad_id])] = 5
+    ours = np.asarray(trained.model.apply({"params": trained.params}, ids))[
+        ..., : config.vocab_size
+    ]
+    # The adapters moved the model: the export holds the merged weights, not the file's.
+    base = read_gguf(written.path)
+    assert not np.allclose(ours, DecoderOnlyTransformer(base[0]).apply(base[1], ids), atol=1e-3)
+    exported = np.asarray(DecoderOnlyTransformer(config).apply(variables, ids))
+    np.testing.assert_allclose(exported, ours, rtol=0, atol=RELATIVE * np.abs(ours).max())
+
+
+def test_the_export_command_writes_q8_0_and_refuses_misuse(lora_run, tmp_path):
+    import subprocess
+    import sys
+
+    workdir, _ = lora_run
+    out = tmp_path / "run-q8_0.gguf"
+    command = [sys.executable, "-m", "train.export", f"--workdir={workdir}", f"--out={out}"]
+    done = subprocess.run(
+        [*command, "--format=gguf", "--type=q8_0"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"Wrote {out} (q8_0" in done.stdout
+    reader = gguf.GGUFReader(out)
+    assert reader.fields["general.file_type"].contents() == gguf.LlamaFileType.MOSTLY_Q8_0
+    assert {t.tensor_type.name for t in reader.tensors} == {"Q8_0", "F32"}
+    refused = subprocess.run([*command, "--type=q8_0"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--type applies to --format gguf" in refused.stderr
+
+
+def test_runs_without_a_llama_cpp_tokenizer_are_refused(tmp_path):
+    import json
+
+    from train.export import gguf_vocab
+
+    with pytest.raises(ValueError, match="was trained from scratch"):
+        gguf_vocab(tmp_path)
+    copy = tmp_path / "pretrained"
+    copy.mkdir()
+    gpt2 = {"model_type": "gpt2", "vocab_size": 10, "n_positions": 8, "n_embd": 4}
+    (copy / "config.json").write_text(json.dumps(gpt2 | {"n_layer": 1, "n_head": 1}))
+    with pytest.raises(ValueError, match="started from a gpt2 model"):
+        gguf_vocab(tmp_path)
