@@ -13,7 +13,8 @@ Prints, as Markdown tables:
   `--converter` (llama.cpp's `convert_hf_to_gguf.py`, e.g. from the llama-cpp-python source
   distribution's vendor/llama.cpp, beside its gguf-py/ and conversion/), the same model
   written as a Hugging Face directory and converted per type: its seconds, its size, and
-  how many of its tensors are byte for byte ours;
+  how many of its tensors are byte for byte ours, and the metadata keys one file has and
+  the other lacks or holds with another value (`general.name` aside);
 - llama.cpp (where `llama_cpp` imports; requirements-llama.txt): per exported type (f16,
   q8_0), 10 prompts continued greedily by `NEW_TOKENS` tokens by llama.cpp and by our
   `generate_text` on the model read back from the same file, the count equal token for
@@ -147,6 +148,11 @@ def _same_tensors(ours: pathlib.Path, theirs: pathlib.Path) -> tuple[int, int, l
         and np.array_equal(np.asarray(t.data), np.asarray(theirs_t[name].data))
     )
     keys = set(a.fields) ^ set(b.fields)
+    keys |= {
+        k
+        for k in set(a.fields) & set(b.fields)
+        if k != "general.name" and a.fields[k].contents() != b.fields[k].contents()
+    }
     return equal, len(mine), sorted(k for k in keys if not k.startswith("GGUF."))
 
 
@@ -158,7 +164,11 @@ def export_table(model, source, out: pathlib.Path, converter: str | None) -> tup
     header = "| type | write_gguf s | size MiB |"
     rows += [
         header
-        + (" converter s | converter MiB | tensors equal | keys differing |" if converter else ""),
+        + (
+            " converter s | converter MiB | tensors equal | keys absent or differing (name aside) |"
+            if converter
+            else ""
+        ),
         "",
     ]
     rows[1] = "|" + "---|" * (rows[0].count("|") - 1)

@@ -553,6 +553,7 @@ _VOCAB_WRITERS = {
 
 def _add_metadata(writer, gguf, config, vocab, chat_template, name, file_type) -> None:
     """The keys llama.cpp reads for a 'llama' model, as its converter writes them."""
+    writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
     writer.add_context_length(config.max_len)
     writer.add_embedding_length(config.d_model)
@@ -563,6 +564,8 @@ def _add_metadata(writer, gguf, config, vocab, chat_template, name, file_type) -
     writer.add_rope_freq_base(config.rope_base)
     writer.add_layer_norm_rms_eps(config.layer_norm_eps)
     writer.add_rope_dimension_count(config.head_dim)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(gguf.LlamaFileType[file_type])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
