@@ -23,7 +23,7 @@ from flax_transformer import (  # noqa: E402
     read_gguf,
     write_gguf,
 )
-from flax_transformer.interop.gguf import (  # noqa: E402
+from flax_transformer.interop.gguf_layout import (  # noqa: E402
     from_llama_cpp_rows,
     to_llama_cpp_rows,
 )

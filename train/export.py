@@ -40,7 +40,7 @@ from absl import app, flags
 
 from flax_transformer import DecoderOnlyTransformer, GGUFVocab, write_gguf
 from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
-from flax_transformer.interop.gguf import WRITE_TYPES
+from flax_transformer.interop.gguf_layout import WRITE_TYPES
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
 from train.core.cli import die, parse_flags, quiet_library_logs
 from train.core.failures import USAGE_ERROR

@@ -6,8 +6,9 @@ gpt2               Hugging Face GPT-2 (model object or local directory) -> `Deco
 export             `DecoderOnlyTransformer` -> Hugging Face GPT-2 directory (safetensors + config)
 llama              Hugging Face Llama/Mistral <-> `DecoderOnlyTransformer` (RMSNorm, RoPE, SwiGLU,
                    grouped-query attention)
-gguf, gguf_vocab   GGUF files (llama.cpp, Ollama) <-> `DecoderOnlyTransformer` and `GGUFVocab`
-                   (the `gguf` package is imported when called)
+gguf               GGUF files (llama.cpp, Ollama) <-> `DecoderOnlyTransformer` (the `gguf`
+                   package is imported when called); gguf_layout: names, metadata, tensors;
+                   gguf_vocab: `GGUFVocab`, the tokenizer
 """
 
 from flax_transformer.interop.export import export_gpt2, gpt2_hf_config, gpt2_tensors

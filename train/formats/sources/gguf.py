@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from flax_transformer import TransformerConfig
-from flax_transformer.interop import gguf as library_gguf
-from flax_transformer.interop.gguf import TensorInfo
+from flax_transformer.interop import gguf_layout as library_gguf
+from flax_transformer.interop.gguf_layout import TensorInfo
 from train.formats.sources import gguf_config, gguf_tokenizer
 from train.formats.sources.hf import (
     CONFIG_FILE,

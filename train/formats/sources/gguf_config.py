@@ -18,7 +18,7 @@ import pathlib
 from collections.abc import Mapping
 from typing import Any
 
-from flax_transformer.interop import gguf as library_gguf
+from flax_transformer.interop import gguf_layout as library_gguf
 from train.formats.sources.hf import fail
 
 # The architecture read (`general.architecture`): llama.cpp writes Llama, Mistral, SmolLM,
@@ -28,7 +28,7 @@ ARCHITECTURE = library_gguf.ARCHITECTURE
 
 def hf_name(path: pathlib.Path, name: str) -> str:
     """The Hugging Face name of the GGUF tensor `name` (the table above;
-    `flax_transformer.interop.gguf.hf_tensor_name`).
+    `flax_transformer.interop.gguf_layout.hf_tensor_name`).
 
     Raises:
         ValueError: a tensor a Llama model here has no place for (named).
@@ -41,7 +41,7 @@ def hf_name(path: pathlib.Path, name: str) -> str:
 
 def hf_config(path: pathlib.Path, meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]):
     """The `llama.*` metadata as a LlamaForCausalLM config.json (transformers' GGUF names;
-    `flax_transformer.interop.gguf.llama_hf_config_from_gguf`).
+    `flax_transformer.interop.gguf_layout.llama_hf_config_from_gguf`).
 
     Raises:
         ValueError: a mixture of experts, partial RoPE, a missing key or a vocabulary that
