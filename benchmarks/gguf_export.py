@@ -208,6 +208,9 @@ def export_table(model, source, out: pathlib.Path, converter: str | None) -> tup
 
 
 def llama_greedy(llm, prompt: list[int]) -> tuple[list[int], np.ndarray]:
+    """llama.cpp's greedy continuation of `prompt` by `NEW_TOKENS` tokens, and the logits
+    after the prompt. `llm` is a `llama_cpp.Llama` built with `logits_all=True`: without it
+    `Llama.scores` keeps no row per position (every argmax read back is 0)."""
     llm.reset()
     llm.eval(prompt)
     first = np.array(llm.scores[llm.n_tokens - 1], np.float32)
@@ -233,7 +236,7 @@ def judge_table(files: dict) -> list[str]:
         config, variables, vocab, _ = read_gguf(files[kind], pad_id=unused_control_id(vocab))
         model = DecoderOnlyTransformer(config)
         tokenizer = vocab.tokenizer()
-        llm = llama_cpp.Llama(str(files[kind]), n_ctx=256, verbose=False, logits_all=False)
+        llm = llama_cpp.Llama(str(files[kind]), n_ctx=256, verbose=False, logits_all=True)
         equal, where, worst = 0, [], 0.0
         for p, text in enumerate(PROMPTS):
             ids = tokenizer.encode(text).ids

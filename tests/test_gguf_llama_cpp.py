@@ -71,7 +71,7 @@ def test_llama_cpp_continues_greedily_as_we_do(written, kind):
     vocab = read_gguf(written[kind])[2]
     config, variables, vocab, _ = read_gguf(written[kind], pad_id=unused_control_id(vocab))
     model, tokenizer = DecoderOnlyTransformer(config), vocab.tokenizer()
-    llm = llama_cpp.Llama(str(written[kind]), n_ctx=256, verbose=False)
+    llm = llama_cpp.Llama(str(written[kind]), n_ctx=256, verbose=False, logits_all=True)
     agreeing = 0
     for text in PROMPTS:
         ids = tokenizer.encode(text).ids
