@@ -60,6 +60,8 @@ from flax_transformer.interop import (
     load_llama,
     transformer_params_from_torch,
 )
+from flax_transformer.interop.gguf import read_gguf, write_gguf
+from flax_transformer.interop.gguf_vocab import GGUFVocab
 from flax_transformer.layers import (
     Embed,
     FeedForward,
@@ -84,6 +86,7 @@ __all__ = [
     "Encoder",
     "EncoderLayer",
     "FeedForward",
+    "GGUFVocab",
     "Greedy",
     "LayerConfig",
     "LayerNorm",
@@ -122,10 +125,12 @@ __all__ = [
     "muon_partition",
     "on_mesh",
     "padding_mask",
+    "read_gguf",
     "rms_norm",
     "segment_mask",
     "segment_positions",
     "simple_self_attention",
     "sinusoidal_positions",
     "transformer_params_from_torch",
+    "write_gguf",
 ]

@@ -142,3 +142,41 @@ def test_a_run_of_the_shipped_config_frames_and_trains_as_the_model_was_pretrain
     eval_loss = float(evaluated["loss"] / evaluated["tokens"])
     train_loss = float(trained["loss"] / trained["tokens"])
     assert abs(train_loss - eval_loss) <= 1e-5 * eval_loss, (train_loss, eval_loss)
+
+
+def test_the_library_reads_it_as_the_program_does_and_writes_f16_that_transformers_reads(
+    source, transformers, tmp_path
+):
+    import torch
+
+    from flax_transformer import read_gguf, write_gguf
+    from flax_transformer.interop.llama import llama_tensors
+
+    config, variables, vocab, template = read_gguf(source.path)
+    assert (config.vocab_size, len(vocab)) == (49152, 49152)  # the file's ids, none added
+    assert template == source.tokenizer_config["chat_template"]
+    program, _ = weights.load_weights(source, source.model)
+    ours = llama_tensors(config, variables)
+    for name, value in llama_tensors(source.model, {"params": program}).items():
+        # The program's model has the pad id V added: one more embedding row.
+        np.testing.assert_array_equal(ours[name], value[: len(ours[name])], err_msg=name)
+    del program
+    path = write_gguf(tmp_path / "smollm2-f16.gguf", config, variables, vocab, template)
+    config_16, variables_16, vocab_16, template_16 = read_gguf(path)
+    assert (config_16, vocab_16, template_16) == (config, vocab, template)
+    for name, value in llama_tensors(config_16, variables_16).items():
+        expected = (
+            ours[name].astype(np.float16).astype(np.float32) if value.ndim == 2 else ours[name]
+        )
+        np.testing.assert_array_equal(value, expected, err_msg=name)
+    ids = vocab.tokenizer().encode(" ".join(load_kjv_lines(collapse=False)[:6])).ids[:96]
+    assert config.pad_id not in ids
+    logits = np.asarray(DecoderOnlyTransformer(config_16).apply(variables_16, np.asarray([ids])))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        theirs = hf(torch.as_tensor([ids])).logits.numpy()
+    # float32 rounding relative to the largest logit, over 30 layers (tests/test_gguf_export.py).
+    np.testing.assert_allclose(logits, theirs, rtol=0, atol=1e-5 * np.abs(theirs).max())
+    assert (logits.argmax(-1) == theirs.argmax(-1)).all()

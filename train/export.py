@@ -1,8 +1,9 @@
 """Writes a trained language-model run as a Hugging Face model directory that
-`transformers` loads and generates from.
+`transformers` loads and generates from, or as a GGUF file that llama.cpp and Ollama run.
 
     python -m train.export --workdir runs/finetune --out /tmp/finetuned
     python -m train.export --workdir runs/finetune --out /tmp/adapters --adapters_only
+    python -m train.export --workdir runs/sft --format gguf --out /tmp/sft.gguf [--type q8_0]
 
 The weights of the run's newest checkpoint go to `model.safetensors` (float32) through the
 library's exporters (`flax_transformer.export_gpt2` / `export_llama` layouts). A run started
@@ -15,10 +16,18 @@ they adapt (`flax_transformer.merge_lora`), or with `--adapters_only` written al
 
 A run trained from scratch is written with the library's config (its own tokenizer is not a
 Hugging Face one: its ids are the run's).
+
+`--format gguf` writes one .gguf file (`flax_transformer.write_gguf`, `--type` f32, f16,
+bf16 or q8_0) of a Llama-family run started from a pretrained model with a byte-level BPE
+(SmolLM2, Llama 3 and other GGUF or Hugging Face Llama starts): LoRA merged, the added pad
+id removed, the tokenizer (`GGUFVocab.from_tokenizer` of the run's copy of the model's
+`tokenizer.json`) and the chat template (the run's `--config.chat_template`, else the
+model's) with it. What llama.cpp cannot run is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -29,12 +38,15 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from flax_transformer import DecoderOnlyTransformer, GGUFVocab, write_gguf
 from flax_transformer.interop.export import gpt2_hf_config, gpt2_tensors, write_hf_directory
+from flax_transformer.interop.gguf_layout import WRITE_TYPES
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
 from train.core.cli import die, parse_flags, quiet_library_logs
 from train.core.failures import USAGE_ERROR
+from train.data.chat.template import find_chat_template
 from train.formats import sources
-from train.formats.sources.hf import TOKENIZER_FILES
+from train.formats.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_FILES
 from train.tools import tools
 
 # Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.
@@ -108,6 +120,104 @@ def _hf_origin(workdir: pathlib.Path) -> sources.HFSource | None:
     if not (copy / sources.CONFIG_FILE).is_file():
         return None
     return sources.origin(sources.read_source(copy, need_weights=False))
+
+
+# The formats `--format` writes.
+FORMATS = ("hf", "gguf")
+
+
+def write_trained_gguf(trained, workdir, out, gguf_type: str = "f16") -> pathlib.Path:
+    """Writes a loaded run (`train.program.trained.TrainedModel`) as a GGUF file at `out`:
+    LoRA merged, the added pad id removed, the model's tokenizer and chat template.
+
+    Raises:
+        ValueError: a run llama.cpp cannot run (an encoder-decoder, a run trained from
+            scratch or from GPT-2, a tokenizer without a llama.cpp kind, an option the
+            'llama' architecture lacks; named), before anything is written.
+    """
+    workdir = pathlib.Path(workdir)
+    if not isinstance(trained.model, DecoderOnlyTransformer):
+        raise ValueError(
+            f"{workdir} trained a {type(trained.model).__name__} (task="
+            f"{trained.experiment.data.task!r}); GGUF export writes decoder-only language "
+            "models, which llama.cpp runs."
+        )
+    vocab, source = gguf_vocab(workdir)
+    model_config, params = _merged(trained.model.config, trained.params)
+    model_config, params = _without_added_pad(model_config, params, len(vocab), vocab.pad_id)
+    template = _chat_template(source, trained.experiment.data.chat_template)
+    return write_gguf(out, model_config, {"params": params}, vocab, template, type=gguf_type)
+
+
+def gguf_vocab(workdir: pathlib.Path) -> tuple[GGUFVocab, sources.HFSource]:
+    """The GGUF vocabulary of the model a run started from (its copy in the run's
+    `pretrained/`), and that copy.
+
+    Raises:
+        ValueError: a run trained from scratch, a GPT-2 start, or a tokenizer llama.cpp has
+            no kind for (named).
+    """
+    from tokenizers import Tokenizer
+
+    source = _hf_origin(workdir)
+    if source is None:
+        raise ValueError(
+            f"{workdir} was trained from scratch: its tokenizer (bytes or SentencePiece, ids "
+            "of its own) has no llama.cpp vocabulary here; GGUF export writes runs started "
+            "from a pretrained Llama-family model (--config.init_from), or use --format hf."
+        )
+    if source.family != "llama":
+        raise ValueError(
+            f"{workdir} started from a {source.family} model; GGUF export writes llama.cpp's "
+            "'llama' architecture (Llama, Mistral, SmolLM); use --format hf for GPT-2."
+        )
+    config = json.loads((source.path / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
+
+    def token(role: str) -> str | None:
+        value = config.get(role)
+        return value.get("content") if isinstance(value, dict) else value
+
+    roles = ("bos_token", "eos_token", "unk_token", "pad_token")
+    try:
+        vocab = GGUFVocab.from_tokenizer(
+            Tokenizer.from_file(str(source.path / TOKENIZER_FILE)),
+            **{role: token(role) for role in roles},
+        )
+    except ValueError as err:
+        raise ValueError(f"{workdir}: the model's tokenizer: {err}") from None
+    return vocab, source
+
+
+def _without_added_pad(config, params, vocab_size: int, pad_id: int | None):
+    """The model with the vocabulary's V ids: the pad id V the program added (a row of the
+    embedding, a column of an untied output layer) dropped."""
+    if config.vocab_size == vocab_size:
+        return config, params
+    if (config.vocab_size, config.pad_id) != (vocab_size + 1, vocab_size):
+        raise ValueError(
+            f"the model has vocab_size={config.vocab_size} (pad_id={config.pad_id}) and its "
+            f"tokenizer {vocab_size} tokens; GGUF export drops only an added pad id V."
+        )
+    params = dict(params, embed={"embedding": params["embed"]["embedding"][:vocab_size]})
+    if "logits" in params["decoder"]:
+        kernel = params["decoder"]["logits"]["kernel"][:, :vocab_size]
+        params["decoder"] = dict(params["decoder"], logits={"kernel": kernel})
+    # The file's own padding id (a real token) stands in; llama.cpp masks nothing.
+    fields = {"vocab_size": vocab_size, "pad_id": pad_id if pad_id is not None else 0}
+    return dataclasses.replace(config, **fields), params
+
+
+def _chat_template(source: sources.HFSource, run_template: str) -> str | None:
+    """The run's chat template file (`--config.chat_template`), else the model's; None for
+    a model without one (a base model)."""
+    config = json.loads((source.path / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
+    has_own = (
+        config.get("chat_template") is not None or (source.path / "chat_template.jinja").is_file()
+    )
+    if not run_template and not has_own:
+        return None
+    found = find_chat_template(config, directory=source.path, template_file=run_template or None)
+    return found.source
 
 
 # Our LoRA targets -> the Llama module each adapts, as PEFT names them.
@@ -203,7 +313,18 @@ def _merged(model_config, params) -> tuple[Any, Any]:
 
 def _define_flags() -> None:
     flags.DEFINE_string("workdir", None, "A train.main run directory.", required=True)
-    flags.DEFINE_string("out", None, "The Hugging Face directory to write.", required=True)
+    flags.DEFINE_string(
+        "out",
+        None,
+        "The Hugging Face directory (or, --format gguf, the file) to write.",
+        required=True,
+    )
+    flags.DEFINE_enum(
+        "format", "hf", FORMATS, "hf: a Hugging Face directory; gguf: a GGUF file (llama.cpp)."
+    )
+    flags.DEFINE_enum(
+        "type", "f16", sorted(WRITE_TYPES), "--format gguf: the type of the matrices."
+    )
     flags.DEFINE_bool(
         "adapters_only",
         False,
@@ -216,7 +337,18 @@ def main(argv: Sequence[str]) -> None:
         die(f"unexpected arguments {argv[1:]} ; see --helpshort.", USAGE_ERROR)
     given = flags.FLAGS
     quiet_library_logs()
+    if given.format != "gguf" and given["type"].present:
+        die("--type applies to --format gguf; a Hugging Face export is float32.", USAGE_ERROR)
+    if given.format == "gguf" and given.adapters_only:
+        die("--adapters_only writes PEFT adapters; a GGUF file holds merged weights.", USAGE_ERROR)
     try:
+        if given.format == "gguf":
+            out = write_trained_gguf(
+                tools.load_run(given.workdir), given.workdir, given.out, given.type
+            )
+            size = out.stat().st_size / 2**20
+            print(f"Wrote {out} ({given.type}, {size:.1f} MiB; llama.cpp: llama-cli -m {out})")
+            return
         if given.adapters_only:
             out = export_adapters(given.workdir, given.out)
         else:

