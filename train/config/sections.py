@@ -165,6 +165,13 @@ class DataConfig(_ReadByName):
     # template file that replaces the model's ('' = the model's own).
     train_on: str = "assistant"
     chat_template: str = ""
+    # task 'dpo': the preference objective and its reference (`train.tasks.dpo`); the other
+    # tasks leave them at 0 / '' (the task checks them: `Task.configured`).
+    dpo_loss: str = ""
+    dpo_beta: float = 0.0
+    dpo_label_smoothing: float = 0.0
+    dpo_simpo_gamma: float = 0.0
+    dpo_reference: str = ""
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own

@@ -3,6 +3,8 @@
     bibles.py         bible, kjv-web, kjv    the Bibles shipped in PyPI packages (offline)
     files.py          tsv, text              the user's own files
     chats.py          chat, kjv-web-chat     conversations: JSON lines, or made of kjv-web
+    preferences.py    preference,            preference pairs (TRL's formats): JSON lines,
+                      kjv-web-preference     or made of kjv-web
     hugging_face.py   hf, hf-chat            a Hugging Face `datasets` dataset (online)
     splits.py                                the hash rule that splits any of them
 
@@ -18,11 +20,11 @@ entry, and its module's name in `READERS` below; nothing else changes.
 
 from __future__ import annotations
 
-from train.formats.corpora import bibles, chats, files, hugging_face
+from train.formats.corpora import bibles, chats, files, hugging_face, preferences
 from train.formats.corpora.corpus import Corpus
 
 # The reader modules, in the order their corpora are listed in choices and messages.
-READERS = (bibles, files, chats, hugging_face)
+READERS = (bibles, files, chats, preferences, hugging_face)
 CORPORA: dict[str, Corpus] = {corpus.name: corpus for m in READERS for corpus in m.CORPORA}
 
 
