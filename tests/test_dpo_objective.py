@@ -165,3 +165,15 @@ def test_loss_of_a_model_equal_to_its_reference_is_ln2_with_a_gradient():
 def test_bad_options_name_their_field(kwargs, field):
     with pytest.raises(ValueError, match=f"--config.{field}="):
         PreferenceLoss(**kwargs)
+
+
+def test_a_tasks_own_sums_pass_through_the_loop_summaries():
+    # The loop names no task's metric: any sum beside the token sums is a mean per 'tokens'.
+    from train.program.metrics.summaries import evaluate_loss, summarize
+
+    step = {"loss": 1.4, "nll": 1.4, "correct": 1.0, "tokens": 2.0, "rewards/margins": 0.6}
+    summary = summarize(step)
+    assert summary["rewards/margins"] == pytest.approx(0.3)
+    assert summary["loss"] == pytest.approx(0.7)
+    valid = evaluate_loss(lambda params, batch: batch, None, [step, step], lambda b: b)
+    assert valid["rewards/margins"] == pytest.approx(0.3) and valid["tokens"] == 4
