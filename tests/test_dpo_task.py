@@ -274,6 +274,11 @@ def test_a_run_at_learning_rate_0_scores_ln2_and_logs_trl_metrics(tmp_path, mode
     assert results["data"]["train_dropped_identical"] == 2
     saved = np.load(tmp_path / "reference_logps.npz")
     assert saved["train"].shape == (40, 2) and saved["valid"].shape == (8, 2)
+    # The tuned model answers as a chat model (train.sample --chat).
+    from train.sample import chat_replies
+
+    (reply,) = chat_replies(tmp_path, ["Modernize: Jesus wept."], max_new_tokens=4)
+    assert isinstance(reply, str)
 
 
 @pytest.mark.slow
@@ -309,3 +314,33 @@ def test_adapters_off_is_the_base_model(tmp_path, model_dir, files):
     results = loop.train_and_evaluate(config, tmp_path)
     assert results["valid"]["loss"] == pytest.approx(math.log(2), rel=1e-6)
     assert not (tmp_path / "reference_logps.npz").exists()
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reads_its_reference_back(tmp_path, model_dir, files):
+    """Resuming after step 1 gives the run the reference of the starting weights (the file),
+    not of the checkpoint's: the same validation as an uninterrupted run; without the file
+    it is refused."""
+    from train.program import loop
+
+    config = _config(model_dir, files, learning_rate=3e-3, num_train_steps=2)
+    whole = loop.train_and_evaluate(config, tmp_path / "whole")
+    first = _config(model_dir, files, learning_rate=3e-3, num_train_steps=2)
+    first.checkpoint_every_steps = 1
+    stop = RuntimeError("stopped after step 1")
+
+    def stop_after_1(step):
+        if step == 1:
+            raise stop
+
+    with pytest.raises(RuntimeError, match="stopped after step 1"):
+        loop.train_and_evaluate(first, tmp_path / "split", step_callback=stop_after_1)
+    resumed = loop.train_and_evaluate(first, tmp_path / "split")
+    assert resumed["valid"]["loss"] == pytest.approx(whole["valid"]["loss"], rel=1e-5)
+    assert resumed["valid"]["rewards/margins"] == pytest.approx(
+        whole["valid"]["rewards/margins"], rel=1e-4
+    )
+    (tmp_path / "split" / "reference_logps.npz").unlink()
+    (tmp_path / "split" / "results.json").unlink()
+    with pytest.raises(ValueError, match="reference_logps.npz is missing"):
+        loop.train_and_evaluate(first, tmp_path / "split")

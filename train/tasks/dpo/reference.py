@@ -26,12 +26,18 @@ PAIR_KEY, REFERENCE_KEY = "pair", "reference"
 # A seed for the one epoch of batches the train table is computed over (any order will do:
 # every pair is in one epoch once).
 _TABLE_SEED = 0
+# Progress lines logged per split during the reference pass.
+_PROGRESS_LINES = 10
 
 
-def _table(batches, compute, pad_id: int) -> np.ndarray:
-    """float32 `(N, 2)`: the reference of each of a split's N pairs."""
+def _table(batches, compute, pad_id: int, split: str) -> np.ndarray:
+    """float32 `(N, 2)`: the reference of each of a split's N pairs (a log line at every
+    tenth of the batches: on a CPU the pass over a large split takes minutes)."""
     found: dict[int, np.ndarray] = {}
-    for batch in batches:
+    tenth = max(len(batches) // _PROGRESS_LINES, 1)
+    for number, batch in enumerate(batches, start=1):
+        if number % tenth == 0:
+            logging.info("Reference (%s): batch %d of %d.", split, number, len(batches))
         ref = np.asarray(jax.device_get(compute(batch)))
         real = np.any(batch["chosen_labels"] != pad_id, axis=1)
         for row in np.flatnonzero(real):
@@ -112,8 +118,8 @@ def precomputed(dataset, model, params, put_batch, run, *, resuming: bool):
             return logps(params, put_batch({k: batch[k] for k in keys}))
 
         epoch = dataset.build_epoch(np.random.default_rng(_TABLE_SEED))
-        train = _table(epoch, compute, pad_id)
-        valid = _table(dataset.eval_batches, compute, pad_id)
+        train = _table(epoch, compute, pad_id, "train")
+        valid = _table(dataset.eval_batches, compute, pad_id, "validation")
         if distributed.is_primary():
             np.savez(path, train=train, valid=valid)
         logging.info(
