@@ -124,6 +124,16 @@ def get_config() -> ml_collections.ConfigDict:
     # assistant turn with its end of turn), 'last' (the last assistant turn), 'all'
     config.chat_template = ""  # task 'chat': a Jinja chat template file used instead of the
     # model's own ('' = the model's: chat_template.jinja, tokenizer_config.json, GGUF)
+    config.dpo_loss = ""  # task 'dpo': 'sigmoid' (DPO; '' = it), 'ipo', or 'simpo'
+    # (reference-free); docs/training.md "Preference tuning"
+    config.dpo_beta = 0.0  # task 'dpo': beta of the implicit reward, > 0 (DPO's usual 0.1);
+    # 0 for the other tasks
+    config.dpo_label_smoothing = 0.0  # task 'dpo': probability that a preference is flipped,
+    # in [0, 0.5) (conservative DPO; sigmoid and simpo)
+    config.dpo_simpo_gamma = 0.0  # task 'dpo', dpo_loss 'simpo': the target reward margin
+    config.dpo_reference = ""  # task 'dpo': 'precomputed' (''; the starting weights'
+    # log-probabilities computed once before step 1, no second model in memory) or
+    # 'adapters_off' (with LoRA: the model with its adapters off, at every step)
 
     config.model = get_model_config()
     config.init_from = ""  # a Hugging Face GPT-2 or Llama directory (save_pretrained) to

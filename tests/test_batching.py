@@ -68,7 +68,7 @@ def test_filter_by_length_errors():
 def test_get_task_names_the_choices():
     assert tasks.get_task("lm") is tasks.TASKS["lm"]
     with pytest.raises(
-        ValueError, match=r"task='mt' is not one of \('translation', 'lm', 'chat'\)"
+        ValueError, match=r"task='mt' is not one of \('translation', 'lm', 'chat', 'dpo'\)"
     ):
         tasks.get_task("mt")
 

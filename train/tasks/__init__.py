@@ -13,12 +13,14 @@ from flax import linen as nn
 from train.config.tasks import owners, register_task
 from train.tasks.chat import ChatTask
 from train.tasks.common.base import Encoded, Task
+from train.tasks.dpo.task import DpoTask
 from train.tasks.lm import LanguageModelTask
 from train.tasks.translation import TranslationTask, drop_target_tokens
 
 __all__ = [
     "TASKS",
     "ChatTask",
+    "DpoTask",
     "Encoded",
     "LanguageModelTask",
     "Task",
@@ -31,7 +33,7 @@ __all__ = [
 
 # The registry: one entry a task.
 TASKS: dict[str, Task] = {
-    task.name: task for task in (TranslationTask(), LanguageModelTask(), ChatTask())
+    task.name: task for task in (TranslationTask(), LanguageModelTask(), ChatTask(), DpoTask())
 }
 
 

@@ -3,6 +3,8 @@
     bibles.py         bible, kjv-web, kjv    the Bibles shipped in PyPI packages (offline)
     files.py          tsv, text              the user's own files
     chats.py          chat, kjv-web-chat     conversations: JSON lines, or made of kjv-web
+    preferences.py    preference,            preference pairs (TRL's formats): JSON lines,
+                      kjv-web-preference     or made of kjv-web
     hugging_face.py   hf, hf-chat            a Hugging Face `datasets` dataset (online)
     splits.py                                the hash rule that splits any of them
 
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import ml_collections
 
-from train.formats.corpora import bibles, chats, files, hugging_face, options
+from train.formats.corpora import bibles, chats, files, hugging_face, options, preferences
 from train.formats.corpora.corpus import Corpus
 from train.formats.corpora.options import CONFIG_FIELD as CONFIG_FIELD
 from train.formats.corpora.options import CorpusOptions
 
 # The reader modules, in the order their corpora are listed in choices and messages.
-READERS = (bibles, files, chats, hugging_face)
+READERS = (bibles, files, chats, preferences, hugging_face)
 CORPORA: dict[str, Corpus] = {corpus.name: corpus for m in READERS for corpus in m.CORPORA}
 # The readers' options sections (`--config.corpora.<section>.<field>`): section -> dataclass.
 OPTIONS: dict[str, type] = {

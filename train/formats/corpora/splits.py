@@ -30,8 +30,8 @@ def _split_key(example) -> str:
     """The text an example's split is decided by (see `split_examples`)."""
     if isinstance(example, str):
         return example
-    if isinstance(example, Conversation):
-        return example.split_key
+    if isinstance(example, Conversation) or isinstance(getattr(example, "split_key", None), str):
+        return example.split_key  # a conversation, a preference pair: their own key
     return "\t".join(sorted(example))
 
 

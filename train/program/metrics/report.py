@@ -61,6 +61,10 @@ def format_report(results: dict) -> str:
         f"{valid['perplexity']:.1f}, token accuracy {100 * valid['accuracy']:.1f}%"
         + (f", {valid['bits_per_char']:.3f} bits/char" if "bits_per_char" in valid else ""),
     ]
+    # A task's own metrics, named as its peers name them ('rewards/accuracies', ...).
+    own = {k: v for k, v in valid.items() if "/" in k and isinstance(v, (int, float))}
+    if own:
+        lines.append("  " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(own.items())))
     if "data" in results:  # a chat run: what became of its conversations
         lines.append(_conversations_line(results["data"]))
     if "target" in results:
@@ -97,6 +101,19 @@ def _conversations_line(sizes: dict) -> str:
     """A chat run's conversations kept, cut and dropped, and its tokens trained (the data
     sizes of `train.data.chat.examples.ChatCounts`)."""
     parts = []
+    if "train_pairs" in sizes:  # a preference run (`train.tasks.dpo.pairs.PairCounts.sizes`)
+        for split in ("train", "valid"):
+            drops = {
+                k.removeprefix(f"{split}_dropped_"): n
+                for k, n in sizes.items()
+                if k.startswith(f"{split}_dropped_") and n
+            }
+            reasons = ", ".join(f"{n} {reason}" for reason, n in drops.items())
+            parts.append(
+                f"{split} {sizes[f'{split}_pairs']} kept ({sizes[f'{split}_pairs_cut']} cut), "
+                f"{sum(drops.values())} dropped" + (f" ({reasons})" if reasons else "")
+            )
+        return "Preference pairs: " + "; ".join(parts) + "."
     for split in ("train", "valid"):
         dropped = sum(n for k, n in sizes.items() if k.startswith(f"{split}_dropped_"))
         share = sizes.get(f"{split}_trained_tokens", 0) / max(sizes.get(f"{split}_tokens", 0), 1)

@@ -18,8 +18,20 @@ import numpy as np
 
 from train.program.metrics.stops import check_finite
 
-# The metrics a step returns as sums over its tokens (`train.program.steps`).
+# The metrics every step returns as sums (`train.program.steps`, `Task.loss`): over its
+# tokens for token cross-entropy; 'tokens' counts the units the objective averages over
+# (scored tokens, or a preference task's pairs).
 SUM_KEYS = ("loss", "nll", "correct", "tokens")
+# What a train step reports besides sums: its gradient norm and learning rate. Every other
+# key a task's objective returns is a sum of its own (e.g. TRL's `rewards/chosen`), passed
+# through to metrics.jsonl and TensorBoard as its mean per 'tokens' unit.
+STEP_KEYS = ("grad_norm", "learning_rate")
+
+
+def sum_keys(step_metrics: Mapping[str, Any]) -> list[str]:
+    """The keys of one step's metrics that are sums: `SUM_KEYS` and the task's own."""
+    return [key for key in step_metrics if key not in STEP_KEYS]
+
 
 # Perplexity overflows float64 above exp(709); report inf beyond this loss.
 _MAX_LOG_PERPLEXITY = 700.0
@@ -33,11 +45,13 @@ def summarize(sums: Mapping[str, float], chars_per_token: float | None = None) -
     """Per-token means from summed step metrics.
 
     Args:
-        sums: 'loss', 'nll', 'correct', 'tokens' summed over batches (numbers).
+        sums: 'loss', 'nll', 'correct', 'tokens' summed over batches (numbers), and any
+            sums of the task's own.
         chars_per_token: characters per target token; adds bits per character when given.
 
     Returns:
-        {'loss', 'nll', 'perplexity', 'accuracy', 'tokens'} and maybe 'bits_per_char'.
+        {'loss', 'nll', 'perplexity', 'accuracy', 'tokens'}, each of the task's own sums
+        divided by 'tokens' under its own name, and maybe 'bits_per_char'.
     """
     tokens = max(float(sums["tokens"]), 1.0)
     nll = float(sums["nll"]) / tokens
@@ -48,6 +62,9 @@ def summarize(sums: Mapping[str, float], chars_per_token: float | None = None) -
         "accuracy": float(sums["correct"]) / tokens,
         "tokens": int(sums["tokens"]),
     }
+    for key, value in sums.items():
+        if key not in SUM_KEYS:
+            out[key] = float(value) / tokens
     if chars_per_token:
         out["bits_per_char"] = nll / math.log(2) / chars_per_token
     return out
@@ -75,7 +92,8 @@ class TrainLog:
 
         Returns:
             {loss, nll, perplexity, accuracy, tokens, grad_norm, learning_rate,
-            tokens_per_sec} of the interval, or None if no step is pending.
+            tokens_per_sec} of the interval, and the task's own sums as means (`summarize`),
+            or None if no step is pending.
 
         Raises:
             TrainingDivergedError: at the first step whose loss or gradient norm is not
@@ -85,7 +103,7 @@ class TrainLog:
             return None
         fetched = jax.device_get([m for _, m in self.pending])
         check_finite([step for step, _ in self.pending], fetched, self.checkpointer)
-        sums = {k: sum(float(m[k]) for m in fetched) for k in SUM_KEYS}
+        sums = {k: sum(float(m[k]) for m in fetched) for k in sum_keys(fetched[0])}
         summary = summarize(sums)
         summary["grad_norm"] = float(np.mean([float(m["grad_norm"]) for m in fetched]))
         summary["learning_rate"] = float(fetched[-1]["learning_rate"])  # the last step's
@@ -102,16 +120,16 @@ def evaluate_loss(
     """Validation metrics over `batches` (no dropout, no label smoothing).
 
     Returns:
-        `summarize` of the summed metrics: loss, nll, perplexity, accuracy, tokens
-        (and bits_per_char when chars_per_token is given).
+        `summarize` of the summed metrics: loss, nll, perplexity, accuracy, tokens, the
+        task's own sums as means (and bits_per_char when chars_per_token is given).
     """
     sums = dict.fromkeys(SUM_KEYS, 0.0)
     pending = []
 
     def collect():
         for step_sums in jax.device_get(pending):
-            for key in SUM_KEYS:
-                sums[key] += float(step_sums[key])
+            for key in sum_keys(step_sums):
+                sums[key] = sums.get(key, 0.0) + float(step_sums[key])
         pending.clear()
 
     for batch in batches:

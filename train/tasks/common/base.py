@@ -113,6 +113,35 @@ class Task:
         # Every fact is the attribute of the same name.
         return TaskFacts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TaskFacts)})
 
+    def configured(self, data: DataConfig) -> Task:
+        """This task with the options it owns read from the data section (its `own_fields`),
+        checked: what a run trains with. A task without options returns itself.
+
+        Raises:
+            ValueError: an option out of range, naming its config field.
+        """
+        del data
+        return self
+
+    def before_training(
+        self, dataset, model: nn.Module, params: Any, put_batch, run, *, resuming: bool
+    ):
+        """The dataset a run trains on, given the starting weights: where a task's batches
+        carry what those weights compute (a preference task's reference log-probabilities),
+        it computes that once here, before step 1, and keeps it in `run` for a resumed run,
+        whose params are no longer the starting ones. By default the dataset as it is.
+
+        Args:
+            dataset: the run's `train.data.dataset.Dataset`.
+            model: the model; `params`: its starting parameters (placed), or on resume the
+                checkpoint's.
+            put_batch: places a numpy batch on the mesh (`train.program.steps.jit_steps`).
+            run: the run directory (`train.core.rundir.RunDir`).
+            resuming: whether the run resumes from a checkpoint.
+        """
+        del model, params, put_batch, run, resuming
+        return dataset
+
     def make_model(self, model_config: TransformerConfig) -> nn.Module:
         return self.model_type(model_config)
 
