@@ -19,13 +19,12 @@ default translation run and a chat run hold out the same verses: their first
 
 from __future__ import annotations
 
-import json
 import os
 
 from train.formats.corpora.bibles import load_kjv_web_pairs
 from train.formats.corpora.conversations import Conversation, conversation_of
 from train.formats.corpora.corpus import Corpus
-from train.formats.corpora.files import read_lines
+from train.formats.corpora.files import read_json_records
 
 # The instruction of `kjv-web-chat`: the user's message is this, then the KJV verse.
 KJV_WEB_INSTRUCTION = "Rewrite this verse in modern English: "
@@ -39,18 +38,10 @@ def read_chat_jsonl(path: str | os.PathLike) -> list[Conversation]:
         ValueError: unreadable, not UTF-8, empty, or a line that is not a conversation
             (`train.data.chat.encoding.ChatError`, naming `path:line` and the field).
     """
-    conversations = []
-    for number, line in read_lines(path, "Chat file"):
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{where}: not JSON ({err.msg} at column {err.colno}); each line holds one "
-                "conversation as a JSON object."
-            ) from None
-        conversations.append(conversation_of(record, where))
-    return conversations
+    return [
+        conversation_of(record, where)
+        for where, record in read_json_records(path, "Chat file", "conversation")
+    ]
 
 
 def kjv_web_conversations() -> list[Conversation]:

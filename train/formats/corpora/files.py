@@ -17,10 +17,11 @@ Options of the 'text' corpus (`--config.corpora.text.<field>`, once `--config.te
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 from collections.abc import Iterable, Iterator
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from train.formats.corpora.corpus import Corpus
 from train.formats.corpora.options import option_error
@@ -144,6 +145,32 @@ def read_lines(path: str | os.PathLike, what: str) -> list[tuple[int, str]]:
     if not numbered:
         raise ValueError(f"{what} {path} is empty; it needs at least one non-blank line.")
     return numbered
+
+
+def read_json_records(path: str | os.PathLike, what: str, one: str) -> list[tuple[str, Any]]:
+    """A JSON-lines file's records, each with where it stands (`path:line`), for a reader
+    that checks them (`chats`, `preferences`).
+
+    Args:
+        path: the file.
+        what: the file's kind in errors ('Chat file').
+        one: what each line holds, in the error of a line that is not JSON ('conversation').
+
+    Raises:
+        FileNotFoundError, ValueError: as `read_lines`; a line that is not JSON (naming
+            `path:line`).
+    """
+    records = []
+    for number, line in read_lines(path, what):
+        where = f"{path}:{number}"
+        try:
+            records.append((where, json.loads(line)))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{where}: not JSON ({err.msg} at column {err.colno}); each line holds one "
+                f"{one} as a JSON object."
+            ) from None
+    return records
 
 
 def read_text_documents(

@@ -39,7 +39,7 @@ from train.formats.corpora.bibles import load_kjv_web_pairs
 from train.formats.corpora.chats import KJV_WEB_INSTRUCTION
 from train.formats.corpora.conversations import ChatError, check_messages
 from train.formats.corpora.corpus import Corpus
-from train.formats.corpora.files import read_lines
+from train.formats.corpora.files import read_json_records
 
 # The record keys a pair is read from, as errors name them.
 PROMPT, CHOSEN, REJECTED = "prompt", "chosen", "rejected"
@@ -163,18 +163,10 @@ def read_preference_jsonl(path: str | os.PathLike) -> list[PreferencePair]:
         ValueError: unreadable, not UTF-8, empty, or a line that is not a pair (naming
             `path:line` and the field).
     """
-    pairs = []
-    for number, line in read_lines(path, "Preference file"):
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{where}: not JSON ({err.msg} at column {err.colno}); each line holds one "
-                "pair as a JSON object."
-            ) from None
-        pairs.append(pair_of(record, where))
-    return pairs
+    return [
+        pair_of(record, where)
+        for where, record in read_json_records(path, "Preference file", "pair")
+    ]
 
 
 def kjv_web_preferences() -> list[PreferencePair]:
