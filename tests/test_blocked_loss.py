@@ -80,8 +80,12 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_decoder_only_blocked_equals_plain_values_and_gradients(case):
+# 3 rows x 9 positions in blocks of 6 rows, 2 positions (the last block padded); or all 27
+# rows in one block (no scan, no recomputation).
+@pytest.mark.parametrize(
+    "case, block_rows", [(case, 6) for case in sorted(CASES)] + [("untied_bias_cap", 27)]
+)
+def test_decoder_only_blocked_equals_plain_values_and_gradients(case, block_rows):
     changes, smoothing, scored = CASES[case]
     model = DecoderOnlyTransformer(_config(**changes))
     tokens, labels = _batch()
@@ -95,8 +99,7 @@ def test_decoder_only_blocked_equals_plain_values_and_gradients(case):
 
     def blocked(p):
         hidden = model.apply(p, tokens, method=model.hidden_states)
-        # 3 rows x 9 positions in blocks of 6 rows, 2 positions: the last block padded.
-        sums = _blocked_sums(model, p, hidden, labels, smoothing, scored, block_rows=6)
+        sums = _blocked_sums(model, p, hidden, labels, smoothing, scored, block_rows)
         return sums["loss"], sums
 
     (_, want), want_grads = jax.value_and_grad(plain, has_aux=True)(params)

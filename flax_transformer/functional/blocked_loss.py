@@ -158,8 +158,13 @@ def blocked_cross_entropy(
         x = jnp.pad(x, widths).reshape(batch, padded // block, block, *x.shape[2:])
         return jnp.moveaxis(x, 1, 0)
 
-    xs = (blocks(hidden_BTD), blocks(labels_BT), blocks(weights_BT))
     options = dict(smoothing=float(label_smoothing), cap=float(logits_soft_cap), dtype=dtype)
+    if padded == block:
+        # One block holds every row: the logits are whole either way, so no scan and no
+        # recomputation (the backward pass keeps them, as the whole-logits loss does).
+        sums = _block_sums(hidden_BTD, labels_BT, weights_BT, head_DV, bias_V, **options)
+        return dict(zip(SUM_NAMES, sums, strict=True))
+    xs = (blocks(hidden_BTD), blocks(labels_BT), blocks(weights_BT))
 
     # Rematerialised: the backward pass recomputes the block's logits from its rows.
     @jax.checkpoint
