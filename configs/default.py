@@ -18,6 +18,7 @@ same data, half the wall time.
 import ml_collections
 from ml_collections.config_dict import placeholder
 
+from train.config import tasks as config_tasks
 from train.formats import corpora, optimizers
 
 
@@ -124,16 +125,14 @@ def get_config() -> ml_collections.ConfigDict:
     # assistant turn with its end of turn), 'last' (the last assistant turn), 'all'
     config.chat_template = ""  # task 'chat': a Jinja chat template file used instead of the
     # model's own ('' = the model's: chat_template.jinja, tokenizer_config.json, GGUF)
-    config.dpo_loss = ""  # task 'dpo': 'sigmoid' (DPO; '' = it), 'ipo', or 'simpo'
-    # (reference-free); docs/training.md "Preference tuning"
-    config.dpo_beta = 0.0  # task 'dpo': beta of the implicit reward, > 0 (DPO's usual 0.1);
-    # 0 for the other tasks
-    config.dpo_label_smoothing = 0.0  # task 'dpo': probability that a preference is flipped,
-    # in [0, 0.5) (conservative DPO; sigmoid and simpo)
-    config.dpo_simpo_gamma = 0.0  # task 'dpo', dpo_loss 'simpo': the target reward margin
-    config.dpo_reference = ""  # task 'dpo': 'precomputed' (''; the starting weights'
-    # log-probabilities computed once before step 1, no second model in memory) or
-    # 'adapters_off' (with LoRA: the model with its adapters off, at every step)
+    # The tasks' own options, one sub-section per task that has options, at its defaults
+    # (train/tasks/<task>/options.py documents them): --config.tasks.<task>.<field>.
+    # 'dpo' (docs/training.md "Preference tuning"): loss ('sigmoid' DPO, 'ipo', 'simpo'),
+    # beta (0.1), label_smoothing, simpo_gamma, reference ('precomputed': the starting
+    # weights' log-probabilities computed once before step 1; 'adapters_off': with LoRA,
+    # the model with its adapters off at every step). Another task's section stays at its
+    # defaults.
+    config.tasks = config_tasks.config_section()
 
     config.model = get_model_config()
     config.init_from = ""  # a Hugging Face GPT-2 or Llama directory (save_pretrained) to

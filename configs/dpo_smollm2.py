@@ -35,10 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.corpus = "kjv-web-preference"  # WEB preferred to KJV copied (no file needed)
     config.valid_fraction = 0.01  # the default run's split: the same 310 validation verses
     config.test_fraction = 0.985  # held out and never read: 0.5% of the verses train
-    config.dpo_loss = "sigmoid"  # DPO (Rafailov et al. 2023)
-    config.dpo_beta = 0.1  # DPO's and TRL's default
-    config.dpo_label_smoothing = 0.0
-    config.dpo_reference = "precomputed"  # the starting weights', computed once before step 1
+    config.tasks.dpo.loss = "sigmoid"  # DPO (Rafailov et al. 2023)
+    config.tasks.dpo.beta = 0.1  # DPO's and TRL's default
+    config.tasks.dpo.label_smoothing = 0.0
+    config.tasks.dpo.reference = "precomputed"  # the starting weights', once before step 1
     config.max_len = 160  # slots per row (a pair's longer side); the longest verse pair fits
     config.packing = "none"  # one pair a row, chosen and rejected rows in one forward pass
     config.bucket_lengths = (64, 96, 160)  # few shapes: each compiles once

@@ -2,6 +2,7 @@
 registered as its one line says, and trained; its objective adds exactly the z-loss term to
 the language model's cross-entropy."""
 
+import json
 import pathlib
 import re
 import types
@@ -53,6 +54,15 @@ def test_the_example_task_adds_the_z_loss_to_the_objective(zloss_task):
     z = float(jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2))
     np.testing.assert_allclose(float(with_z) - float(plain), 1e-4 * z, rtol=1e-4)
     assert z > 0 and sums.keys() == plain_sums.keys()
+    # Its option, read from the config's `tasks.lm_zloss` section, sets the term's weight.
+    data = types.SimpleNamespace(
+        tasks=task_registry.read_task_options({"lm_zloss": {"weight": 0.5}})
+    )
+    configured = zloss_task.configured(data)
+    with_half, _ = configured.loss(model, params, batch, setup, deterministic=True)
+    np.testing.assert_allclose(float(with_half) - float(plain), 0.5 * z, rtol=1e-4)
+    with pytest.raises(ValueError, match=r"--config.tasks.lm_zloss.weight=-1.0: must be >= 0"):
+        task_registry.read_task_options({"lm_zloss": {"weight": -1.0}})
 
 
 def _tiny_model_config():
@@ -70,5 +80,10 @@ def test_the_example_task_trains(zloss_task, tmp_path):
         sample_prompts=("ab cd",),
     )
     config.max_decode_len = 0
+    # The config made after the registration has the task's own section, at its defaults.
+    assert config.tasks.lm_zloss.weight == 1e-4
+    config.tasks.lm_zloss.weight = 1e-3
     results = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
     assert np.isfinite(results["valid"]["nll"]) and results["step"] == 4
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["tasks"]["lm_zloss"] == {"weight": 1e-3}

@@ -154,12 +154,12 @@ def test_loss_of_a_model_equal_to_its_reference_is_ln2_with_a_gradient():
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        ({"beta": 0.0}, "dpo_beta"),
-        ({"beta": -1.0}, "dpo_beta"),
-        ({"loss_type": "hinge"}, "dpo_loss"),
-        ({"label_smoothing": 0.5}, "dpo_label_smoothing"),
-        ({"loss_type": "ipo", "label_smoothing": 0.1}, "dpo_label_smoothing"),
-        ({"simpo_gamma": -0.1}, "dpo_simpo_gamma"),
+        ({"beta": 0.0}, "tasks.dpo.beta"),
+        ({"beta": -1.0}, "tasks.dpo.beta"),
+        ({"loss_type": "hinge"}, "tasks.dpo.loss"),
+        ({"label_smoothing": 0.5}, "tasks.dpo.label_smoothing"),
+        ({"loss_type": "ipo", "label_smoothing": 0.1}, "tasks.dpo.label_smoothing"),
+        ({"simpo_gamma": -0.1}, "tasks.dpo.simpo_gamma"),
     ],
 )
 def test_bad_options_name_their_field(kwargs, field):

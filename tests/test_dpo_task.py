@@ -5,13 +5,15 @@ runs end to end on a tiny random Llama with ChatML's template (`write_tiny_model
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import types
 
-import ml_collections
 import numpy as np
 import pytest
 
+from train.config.tasks import read_task_options
 from train.data.chat.encoding import ChatExample
 from train.formats.corpora.preferences import (
     PreferencePair,
@@ -19,6 +21,7 @@ from train.formats.corpora.preferences import (
     read_preference_jsonl,
 )
 from train.tasks import get_task
+from train.tasks.dpo.options import DpoOptions
 from train.tasks.dpo.pairs import encode_pair, encode_pairs
 
 USER = {"role": "user", "content": "Hi"}
@@ -168,26 +171,21 @@ def test_every_pair_dropped_is_refused_naming_why():
 
 
 def _data(**fields):
-    return ml_collections.ConfigDict(
-        dict(
-            dpo_loss="",
-            dpo_beta=0.1,
-            dpo_label_smoothing=0.0,
-            dpo_simpo_gamma=0.0,
-            dpo_reference="",
-        )
-        | fields
-    )
+    """What `configured` reads of a data section: the tasks' options, `dpo` given."""
+    return types.SimpleNamespace(tasks=read_task_options({"dpo": fields}))
 
 
 @pytest.mark.parametrize(
     "fields, message",
     [
-        ({"dpo_beta": 0.0}, r"--config.dpo_beta=0.0: must be > 0"),
-        ({"dpo_beta": -0.5}, r"--config.dpo_beta=-0.5: must be > 0"),
-        ({"dpo_loss": "kto"}, r"--config.dpo_loss='kto': must be one of"),
-        ({"dpo_reference": "copy"}, r"--config.dpo_reference='copy': must be one of"),
-        ({"dpo_label_smoothing": 0.7}, r"--config.dpo_label_smoothing=0.7"),
+        ({"beta": 0.0}, r"--config.tasks.dpo.beta=0.0: must be > 0"),
+        ({"beta": -0.5}, r"--config.tasks.dpo.beta=-0.5: must be > 0"),
+        ({"beta": "0.1"}, r"--config.tasks.dpo.beta='0.1': must be a number"),
+        ({"loss": "kto"}, r"--config.tasks.dpo.loss='kto': must be one of"),
+        ({"reference": "copy"}, r"--config.tasks.dpo.reference='copy': must be one of"),
+        ({"label_smoothing": 0.7}, r"--config.tasks.dpo.label_smoothing=0.7"),
+        ({"loss": "ipo", "label_smoothing": 0.1}, r"--config.tasks.dpo.label_smoothing=0.1"),
+        ({"gamma": 0.5}, r"--config.tasks.dpo.gamma=0.5: is not an option; it has \['beta'"),
     ],
 )
 def test_options_are_checked_in_one_line(fields, message):
@@ -196,10 +194,26 @@ def test_options_are_checked_in_one_line(fields, message):
 
 
 def test_options_reach_the_objective():
-    task = get_task("dpo").configured(_data(dpo_loss="ipo", dpo_beta=0.5))
+    task = get_task("dpo").configured(_data(loss="ipo", beta=0.5))
     assert task.objective.loss_type == "ipo" and task.objective.beta == 0.5
     assert task.reference == "precomputed"
     assert get_task("dpo").objective.loss_type == "sigmoid"  # the registry's is unchanged
+
+
+def test_the_options_section_is_the_tasks_own():
+    """The config's `tasks.dpo` section is made from the task's dataclass (no line of
+    configs/default.py names a field), validated into `data.tasks.dpo`, and refused, naming
+    the field, for a run of another task."""
+    from configs import default
+    from train.config import config_lib
+
+    config = default.get_config()
+    assert config.tasks.dpo.to_dict() == dataclasses.asdict(DpoOptions())
+    experiment = config_lib.validate_config(config)
+    assert experiment.data.tasks.dpo == DpoOptions()
+    config.tasks.dpo.beta = 0.2
+    with pytest.raises(ValueError, match=r"--config.tasks.dpo.beta=0.2: applies to task='dpo'"):
+        config_lib.validate_config(config)
 
 
 # End to end on a tiny model (slow: a run each).
@@ -298,8 +312,8 @@ def test_training_raises_held_out_reward_accuracy(tmp_path, model_dir, files):
 def test_adapters_off_needs_adapters(tmp_path, model_dir, files):
     from train.program import loop
 
-    config = _config(model_dir, files, dpo_reference="adapters_off")
-    with pytest.raises(ValueError, match="dpo_reference=adapters_off: the model has no LoRA"):
+    config = _config(model_dir, files, tasks={"dpo": {"reference": "adapters_off"}})
+    with pytest.raises(ValueError, match="tasks.dpo.reference=adapters_off: the model has no LoRA"):
         loop.train_and_evaluate(config, tmp_path)
 
 
@@ -309,7 +323,9 @@ def test_adapters_off_is_the_base_model(tmp_path, model_dir, files):
     equals the policy, so the loss is ln 2 without any precomputed file."""
     from train.program import loop
 
-    config = _config(model_dir, files, dpo_reference="adapters_off", learning_rate=0.0)
+    config = _config(
+        model_dir, files, tasks={"dpo": {"reference": "adapters_off"}}, learning_rate=0.0
+    )
     config.model.lora_rank = 4
     results = loop.train_and_evaluate(config, tmp_path)
     assert results["valid"]["loss"] == pytest.approx(math.log(2), rel=1e-6)

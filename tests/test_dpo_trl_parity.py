@@ -12,9 +12,9 @@ rendered by our chat encoder, batched by the task's sides, loaded with
 from __future__ import annotations
 
 import copy
+import types
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -25,6 +25,7 @@ trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
 
 from flax_transformer import DecoderOnlyTransformer, load_llama  # noqa: E402
+from train.config.tasks import read_task_options  # noqa: E402
 from train.data.batching import bucketed_batches  # noqa: E402
 from train.data.chat.examples import run_chat_encoder  # noqa: E402
 from train.data.tokenizers import source_tokenizer  # noqa: E402
@@ -124,15 +125,7 @@ def _our_first_step(models, loss_type):
     encoder = run_chat_encoder(source_tokenizer(source), model_dir, train_on="last")
     pairs = [pair_of(record, f"pair {i}") for i, record in enumerate(_records())]
     task = get_task("dpo").configured(
-        ml_collections.ConfigDict(
-            dict(
-                dpo_loss=loss_type,
-                dpo_beta=BETA,
-                dpo_label_smoothing=0.0,
-                dpo_simpo_gamma=0.0,
-                dpo_reference="",
-            )
-        )
+        types.SimpleNamespace(tasks=read_task_options({"dpo": dict(loss=loss_type, beta=BETA)}))
     )
     from train.tasks.dpo.pairs import encode_pairs
 

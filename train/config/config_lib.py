@@ -32,9 +32,11 @@ from train.config.sections import (
     StepConfig,
     fail,
 )
-from train.config.tasks import owners, registered_tasks, task_facts
+from train.config.tasks import CONFIG_FIELD as TASKS_FIELD
+from train.config.tasks import option_types, owners, registered_tasks, task_facts
 from train.core.cli import RENAMED_FIELDS
 from train.core.failures import DamagedFileError, model_field_error
+from train.core.option_sections import changed_options
 from train.core.rundir import RunDir, read_json
 from train.core.special_ids import PAD_ID, model_vocab_size
 from train.formats import corpora, sources
@@ -54,7 +56,7 @@ __all__ = [
 # and PRNG.
 IDENTITY_FIELDS = (*DataConfig.identity_fields(), *RunConfig.IDENTITY, "model")
 # The config's nested sections, which a config.json older than one of their fields lacks.
-NESTED_SECTIONS = ("optimizer", corpora.CONFIG_FIELD)
+NESTED_SECTIONS = ("optimizer", corpora.CONFIG_FIELD, TASKS_FIELD)
 
 
 def validate_config(
@@ -224,6 +226,20 @@ def _check_task(config: ml_collections.ConfigDict) -> None:
     for field in sorted(others):
         if config[field]:
             raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
+    # Another task's own options section (`--config.tasks.<other>`) must stay at its defaults.
+    given = config.get(TASKS_FIELD) or {}
+    for name, kind in option_types().items():
+        if name == task.name or not given.get(name):
+            continue
+        for f in dataclasses.fields(kind):
+            value = given[name].get(f.name, f.default)
+            if _as_json(value) != _as_json(f.default):
+                raise fail(
+                    f"{TASKS_FIELD}.{name}.{f.name}",
+                    value,
+                    f"applies to task={name!r} only (this run's task is {task.name!r}); leave "
+                    f"it at {f.default!r}",
+                )
 
 
 def _check_renamed(config: ml_collections.ConfigDict) -> None:
@@ -416,7 +432,9 @@ def changed_identity_fields(
     for field in IDENTITY_FIELDS:
         old, new = saved.get(field, data_defaults.get(field)), now.get(field)
         if field == corpora.CONFIG_FIELD:
-            changed += _changed_options(old or {}, new)
+            changed += changed_options(field, corpora.OPTIONS, old or {}, new)
+        elif field == TASKS_FIELD:
+            changed += changed_options(field, option_types(), old or {}, new)
         elif isinstance(new, dict):
             old = old or {}
             defaults = model_defaults if field == "model" else {}
@@ -427,21 +445,4 @@ def changed_identity_fields(
             ]
         elif _as_json(old) != _as_json(new):
             changed.append(field)
-    return changed
-
-
-def _changed_options(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """The corpus options (`corpora.<section>.<field>`) that differ, a field an older
-    config.json lacks counting as its default, and those that only say how the data is
-    read (`READING` of the options dataclass, e.g. `corpora.text.in_memory`) left out."""
-    changed = []
-    for section, kind in corpora.OPTIONS.items():
-        reading = getattr(kind, "READING", ())
-        for f in dataclasses.fields(kind):
-            if f.name in reading:
-                continue
-            before = (old.get(section) or {}).get(f.name, f.default)
-            after = (new.get(section) or {}).get(f.name, f.default)
-            if _as_json(before) != _as_json(after):
-                changed.append(f"{corpora.CONFIG_FIELD}.{section}.{f.name}")
     return changed

@@ -50,7 +50,7 @@ from train.config.checks import (
 
 # The evaluation's sections, read from here as before they had their own module.
 from train.config.evaluation import DecodeOptionError, DecodeOptions, EvalConfig  # noqa: F401
-from train.config.tasks import registered_tasks
+from train.config.tasks import TaskOptions, read_task_options, registered_tasks
 from train.core.failures import fail
 from train.formats import corpora
 from train.formats.corpora import CorpusOptions, read_options
@@ -110,13 +110,9 @@ class DataConfig(ReadByName):
     # The corpora's own options (`train.formats.corpora.options`: `--config.corpora.<s>.<f>`,
     # a reader reads its section, e.g. `data.corpora.hf.dataset`); a mapping is read as such.
     corpora: CorpusOptions = dataclasses.field(default_factory=lambda: read_options(None))
-    # task 'dpo': the preference objective and its reference (`train.tasks.dpo`); the other
-    # tasks leave them at 0 / '' (the task checks them: `Task.configured`).
-    dpo_loss: str = ""
-    dpo_beta: float = 0.0
-    dpo_label_smoothing: float = 0.0
-    dpo_simpo_gamma: float = 0.0
-    dpo_reference: str = ""
+    # The tasks' own options (`train.config.tasks`: `--config.tasks.<task>.<field>`, e.g.
+    # `data.tasks.dpo.beta`, read by the task itself, `Task.configured`).
+    tasks: TaskOptions = dataclasses.field(default_factory=lambda: read_task_options(None))
 
     BATCHING: ClassVar[tuple[str, ...]] = ("bucket_lengths", "tokens_per_batch", "batch_size")
     # Where the data is and how it is read: a resumed run may change them (the store's own
@@ -165,6 +161,9 @@ class DataConfig(ReadByName):
         if not isinstance(self.corpora, CorpusOptions):
             given = self.corpora.to_dict() if hasattr(self.corpora, "to_dict") else self.corpora
             object.__setattr__(self, "corpora", read_options(given))
+        if not isinstance(self.tasks, TaskOptions):
+            given = self.tasks.to_dict() if hasattr(self.tasks, "to_dict") else self.tasks
+            object.__setattr__(self, "tasks", read_task_options(given))
         for name, allowed in (
             ("corpus", tuple(corpora.CORPORA)),  # the table as it is now
             ("tokenizer", TOKENIZERS),

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
+import ml_collections
+
+from train.core import option_sections
 from train.core.failures import fail
+from train.core.option_sections import OptionSections
 
 # The package whose import registers every task.
 _TASKS_PACKAGE = "train.tasks"
+
+# Where the tasks' own options live in the config: --config.tasks.<task>.<field>.
+CONFIG_FIELD = "tasks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +44,8 @@ class TaskFacts:
         reads_stores: whether a token store can feed it (`--config.store_dir`).
         verbatim: whether its text is kept verbatim by default (no whitespace collapsing).
         conversations: whether its examples are conversations (read through a chat template).
+        options: the frozen dataclass of the options it owns, `--config.tasks.<name>.<field>`
+            (None: it has none).
     """
 
     name: str
@@ -49,6 +60,7 @@ class TaskFacts:
     reads_stores: bool = False
     verbatim: bool = False
     conversations: bool = False
+    options: type | None = None
 
 
 _REGISTERED: dict[str, TaskFacts] = {}
@@ -87,3 +99,39 @@ def owners(field: str) -> str:
     return " or ".join(
         repr(name) for name, facts in _load_tasks().items() if field in facts.own_fields
     )
+
+
+class TaskOptions(OptionSections):
+    """The options sections of every task that has options (`DataConfig.tasks`; frozen,
+    hashable): `data.tasks.dpo` is the 'dpo' task's dataclass."""
+
+    FIELD = CONFIG_FIELD
+    OWNER = "task"
+    __slots__ = ()
+
+
+def option_error(task: str, field: str, value: Any, expected: str) -> ValueError:
+    """The error for a bad task option: `--config.tasks.<task>.<field>=<value>: expected`."""
+    return fail(f"{CONFIG_FIELD}.{task}.{field}", value, expected)
+
+
+def option_types() -> dict[str, type]:
+    """Each registered task's options dataclass, by task name (tasks without options left
+    out)."""
+    return {name: f.options for name, f in _load_tasks().items() if f.options is not None}
+
+
+def config_section() -> ml_collections.ConfigDict:
+    """`config.tasks` of a config file: every task's options at their defaults (override
+    them after, e.g. `config.tasks.dpo.beta = 0.2`)."""
+    return option_sections.config_section(option_types())
+
+
+def read_task_options(section: Mapping[str, Any] | None) -> TaskOptions:
+    """The run's task options from the config's `tasks` section (a mapping; a section or
+    field it lacks takes its default).
+
+    Raises:
+        ValueError: a bad option or an unknown field, named as `--config.tasks.<t>.<f>`.
+    """
+    return option_sections.read_sections(TaskOptions, option_types(), section)

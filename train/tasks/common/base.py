@@ -80,6 +80,8 @@ class Task:
         verbatim: whether its text is kept verbatim where `collapse_whitespace` is None.
         conversations: whether its examples are conversations, read through a chat
             template.
+        options: the frozen dataclass of the options it owns (`--config.tasks.<name>.<field>`,
+            read in `configured` as `data.tasks.<name>`), or None.
         model_type: the class of the model it trains.
         stacks: the top-level parameter trees of that model (what its params must hold).
         decoder_input: what the pictures call the decoder's ids.
@@ -103,6 +105,7 @@ class Task:
     reads_stores: bool = False
     verbatim: bool = False
     conversations: bool = False
+    options: type | None = None
     model_type: type[nn.Module]
     stacks: tuple[str, ...]
     decoder_input: str
@@ -114,7 +117,8 @@ class Task:
         return TaskFacts(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TaskFacts)})
 
     def configured(self, data: DataConfig) -> Task:
-        """This task with the options it owns read from the data section (its `own_fields`),
+        """This task with the options it owns read from the data section (its `options`
+        section, `data.tasks.<name>`, and its `own_fields`),
         checked: what a run trains with. A task without options returns itself.
 
         Raises:

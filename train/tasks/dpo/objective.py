@@ -31,7 +31,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-# `--config.dpo_loss` values, and whether each compares with a reference.
+# `--config.tasks.dpo.loss` values, and whether each compares with a reference.
 LOSS_TYPES = ("sigmoid", "ipo", "simpo")
 NEEDS_REFERENCE = {"sigmoid": True, "ipo": True, "simpo": False}
 
@@ -72,21 +72,23 @@ class PreferenceLoss:
 
     def __post_init__(self):
         if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"--config.dpo_loss={self.loss_type!r}: must be one of {LOSS_TYPES}.")
+            raise ValueError(
+                f"--config.tasks.dpo.loss={self.loss_type!r}: must be one of {LOSS_TYPES}."
+            )
         if not (isinstance(self.beta, (int, float)) and self.beta > 0 and math.isfinite(self.beta)):
-            raise ValueError(f"--config.dpo_beta={self.beta!r}: must be a finite number > 0.")
+            raise ValueError(f"--config.tasks.dpo.beta={self.beta!r}: must be a finite number > 0.")
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ValueError(
-                f"--config.dpo_label_smoothing={self.label_smoothing!r}: must be in [0, 0.5) "
+                f"--config.tasks.dpo.label_smoothing={self.label_smoothing!r}: must be in [0, 0.5) "
                 "(the probability that a preference label is flipped)."
             )
         if self.loss_type == "ipo" and self.label_smoothing:
             raise ValueError(
-                f"--config.dpo_label_smoothing={self.label_smoothing!r}: IPO has no label "
-                "smoothing; set it to 0 or use --config.dpo_loss=sigmoid."
+                f"--config.tasks.dpo.label_smoothing={self.label_smoothing!r}: IPO has no label "
+                "smoothing; set it to 0 or use --config.tasks.dpo.loss=sigmoid."
             )
         if not self.simpo_gamma >= 0:
-            raise ValueError(f"--config.dpo_simpo_gamma={self.simpo_gamma!r}: must be >= 0.")
+            raise ValueError(f"--config.tasks.dpo.simpo_gamma={self.simpo_gamma!r}: must be >= 0.")
 
     @property
     def needs_reference(self) -> bool:
@@ -166,7 +168,9 @@ def pair_losses(
         loss_B = _smoothed_sigmoid_loss(margin_B, objective.label_smoothing)
         return loss_B, beta * jax.lax.stop_gradient(avg_c_B), beta * jax.lax.stop_gradient(avg_r_B)
     if ref_c_B is None or ref_r_B is None:
-        raise ValueError(f"dpo_loss={objective.loss_type!r} compares with a reference; none given.")
+        raise ValueError(
+            f"tasks.dpo.loss={objective.loss_type!r} compares with a reference; none given."
+        )
     ratio_c_B = logps_c_B - ref_c_B
     ratio_r_B = logps_r_B - ref_r_B
     if objective.loss_type == "sigmoid":

@@ -86,8 +86,8 @@ def precomputed(dataset, model, params, put_batch, run, *, resuming: bool):
     """
     if jax.process_count() > 1:
         raise ValueError(
-            "--config.dpo_reference=precomputed runs in one process for now; use "
-            "--config.dpo_reference=adapters_off (with LoRA) on several hosts."
+            "--config.tasks.dpo.reference=precomputed runs in one process for now; use "
+            "--config.tasks.dpo.reference=adapters_off (with LoRA) on several hosts."
         )
     config = model.config
     pad_id = config.pad_id

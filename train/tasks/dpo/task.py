@@ -20,10 +20,8 @@ from train.tasks.chat.task import ChatTask
 from train.tasks.common.base import Encoded
 from train.tasks.dpo import reference as reference_lib
 from train.tasks.dpo.objective import PreferenceLoss, preference_objective, sequence_logps
+from train.tasks.dpo.options import REFERENCES, DpoOptions
 from train.tasks.dpo.pairs import PairExample, encode_pairs
-
-# `--config.dpo_reference` values ('' is the first).
-REFERENCES = ("precomputed", "adapters_off")
 
 
 class DpoTask(ChatTask):
@@ -44,14 +42,8 @@ class DpoTask(ChatTask):
     name = "dpo"
     corpora = corpora_for("dpo")
     hf_fields = 0
-    own_fields = (
-        "chat_template",
-        "dpo_loss",
-        "dpo_beta",
-        "dpo_label_smoothing",
-        "dpo_simpo_gamma",
-        "dpo_reference",
-    )
+    own_fields = ("chat_template",)
+    options = DpoOptions
     file_corpus = "preference"
     packings = ("none",)
     sides = (
@@ -69,23 +61,15 @@ class DpoTask(ChatTask):
         self.reference = reference
 
     def configured(self, data):
-        """The task with `--config.dpo_*` read and checked (`PreferenceLoss`)."""
-        if data.dpo_reference and data.dpo_reference not in REFERENCES:
-            raise ValueError(
-                f"--config.dpo_reference={data.dpo_reference!r}: must be one of {REFERENCES}."
-            )
-        if not data.dpo_beta > 0:
-            raise ValueError(
-                f"--config.dpo_beta={data.dpo_beta!r}: must be > 0 for task='dpo' (DPO's "
-                "usual value is 0.1)."
-            )
+        """The task with its options (`--config.tasks.dpo`, `DpoOptions`) read."""
+        options = data.tasks.dpo
         objective = PreferenceLoss(
-            data.dpo_loss or "sigmoid",
-            beta=data.dpo_beta,
-            label_smoothing=data.dpo_label_smoothing,
-            simpo_gamma=data.dpo_simpo_gamma,
+            options.loss,
+            beta=options.beta,
+            label_smoothing=options.label_smoothing,
+            simpo_gamma=options.simpo_gamma,
         )
-        return DpoTask(objective, data.dpo_reference or REFERENCES[0])
+        return DpoTask(objective, options.reference)
 
     # The examples.
 
@@ -171,7 +155,7 @@ class DpoTask(ChatTask):
     def loss(self, model, params, batch, setup, *, deterministic, rngs=None):
         """The mean preference loss over the batch's pairs and its sums
         (`train.tasks.dpo.objective.preference_objective`); the token loss's
-        `--config.label_smoothing` does not apply (`--config.dpo_label_smoothing` does)."""
+        `--config.label_smoothing` does not apply (`--config.tasks.dpo.label_smoothing` does)."""
         chosen, rejected = self._logps(
             model, params, batch, setup, deterministic=deterministic, rngs=rngs
         )
@@ -189,9 +173,9 @@ class DpoTask(ChatTask):
         if self.reference == "adapters_off":
             if not any(jax.tree.leaves(lora_mask(params))):
                 raise ValueError(
-                    "--config.dpo_reference=adapters_off: the model has no LoRA adapters to "
+                    "--config.tasks.dpo.reference=adapters_off: the model has no LoRA adapters to "
                     "turn off ; set --config.model.lora_rank (e.g. 8), or use "
-                    "--config.dpo_reference=precomputed."
+                    "--config.tasks.dpo.reference=precomputed."
                 )
             return dataset
         return reference_lib.precomputed(dataset, model, params, put_batch, run, resuming=resuming)
