@@ -53,8 +53,8 @@ __all__ = [
 ]
 
 # The kinds of source, in the order a path is tried: the first whose `detect` accepts it
-# reads it. One entry a kind.
-KINDS: tuple[Kind, ...] = (gguf.KIND, run.KIND, hf.KIND)
+# reads it. A new kind is its module's name in the import line above and its KIND here.
+KINDS = (gguf.KIND, run.KIND, hf.KIND)
 
 # Where a run keeps the snapshot of its source, and the record of where it came from.
 SNAPSHOT_DIR = RunDir.PRETRAINED

@@ -8,8 +8,9 @@ GPT-2 and the Llama family (Llama, Mistral).
   with the dropout rates the checkpoint was pretrained with (`checkpoint_dropout`).
 - **the tokenizer files**: `tokenizer.json` and its companions (`TOKENIZER_FILES`), read by
   `train.data.hf_tokenizer`.
-- **the weights**: `model.safetensors` or its shards; only checked to be there here, read by
-  `train.program.weights`.
+- **the weights**: `model.safetensors` or its shards, checked to be there, read tensor by
+  tensor (`HFSource.tensor_reader`, `train.formats.sources.safetensors_reader`) and
+  converted and placed by `train.program.weights`.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ fine-tuned further (`--config.init_from=runs/lm_kjv`).
 Read here: that the directory is a run (its config.json records `task` and `model`), that it
 trained a language model, that it has checkpoints, and which tokenizer it used (the
 `tokenizer` and `vocab_size` fields it recorded). The run's model config is read with its
-whole checked config, by `train.config.config_lib.read_saved`, and its weights by
-`train.program.trained.load_trained`: both are above this module.
+whole checked config, by `train.config.config_lib.read_saved`, its tokenizer by
+`train.data.tokenizers.open_tokenizer`, and its weights by `train.program.trained.load_trained`:
+all above this package, which `RunSource.trained_here` tells them.
 """
 
 from __future__ import annotations
