@@ -7,7 +7,8 @@ above under the same names whatever its kind:
     model                the model config (a `TransformerConfig`)
     tensor_reader()      its weights, tensor by tensor (`TensorReader`), named as `family` says:
                          'gpt2' / 'llama' (Hugging Face names, through the library's importer
-                         of that family) or `OWN_PARAMS` (the model's own parameter paths)
+                         of that family, which also reads the source's `hf_config`, its
+                         config.json) or `OWN_PARAMS` (the model's own parameter paths)
     tokenizer_files()    its Hugging Face tokenizer (`TokenizerFiles`)
     chat_files()         where its chat template is found (`ChatFiles`)
     copy_files(target)   its small files, for a run's snapshot (`train.formats.sources.snapshot`)
