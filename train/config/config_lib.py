@@ -147,8 +147,8 @@ def _pretrained_model(
 def source_model(source: sources.Source) -> TransformerConfig:
     """The model config of a pretrained source: a Hugging Face directory's or a GGUF file's
     (converted by the library's importer), or a `train.main` run's, read with its whole
-    checked config."""
-    if isinstance(source, sources.RunSource):
+    checked config (a kind that says `trained_here`)."""
+    if source.trained_here:
         try:
             return read_saved(source.path)[1].model
         except (FileNotFoundError, ValueError) as err:

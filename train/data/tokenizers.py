@@ -80,21 +80,20 @@ def open_tokenizer(
 
 
 def source_tokenizer(source: sources.Source) -> Tokenizer:
-    """A pretrained source's tokenizer: a Hugging Face `tokenizer.json` or the one a GGUF
-    file describes (`train.formats.sources.gguf_tokenizer`), with the model's added pad id; or the
-    tokenizer a run trained with."""
-    if isinstance(source, sources.RunSource):
+    """A pretrained source's tokenizer: the Hugging Face tokenizer it holds
+    (`Source.tokenizer_files`: a `tokenizer.json`, or the one a GGUF file describes), with
+    the model's added pad id; or, for a run (`trained_here`), the tokenizer it trained with."""
+    if source.trained_here:
         return open_tokenizer(source.tokenizer, source.vocab_size, source.tokenizer_path())
-    ids = {"model_vocab_size": source.model.vocab_size, "pad_id": source.model.pad_id}
-    if isinstance(source, sources.GGUFSource):
-        return PretrainedTokenizer.from_json(
-            source.tokenizer_json,
-            hf_config=source.hf_config,
-            tokenizer_config=source.tokenizer_config,
-            where=source.path,
-            **ids,
-        )
-    return PretrainedTokenizer.from_directory(source.path, **ids)
+    files = source.tokenizer_files()
+    return PretrainedTokenizer.from_json(
+        files.tokenizer_json,
+        hf_config=files.model_config,
+        tokenizer_config=files.tokenizer_config,
+        where=files.where,
+        model_vocab_size=source.model.vocab_size,
+        pad_id=source.model.pad_id,
+    )
 
 
 def run_tokenizer(

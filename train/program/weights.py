@@ -1,13 +1,17 @@
 """The weights of a pretrained source (`train.formats.sources`), read and placed for a run of
 `--config.init_from`.
 
+The source gives its tensors (`Source.tensor_reader()`); this module converts and places them:
 - a Hugging Face directory: `model.safetensors` or its shards (`model.safetensors.index.json`),
-  read tensor by tensor with plain file reads and handed to the library's per-layer
-  importers (`flax_transformer.interop.gpt2`, `llama`) as if they were a torch module;
+  read tensor by tensor with plain file reads (`train.formats.sources.safetensors_reader`)
+  and handed to the library's per-layer importers (`flax_transformer.interop.gpt2`,
+  `llama`) as if they were a torch module;
 - a GGUF file: each tensor read the same way and dequantized under its Hugging Face name
   (`train.formats.sources.gguf.GGUFSource.read_tensor`), through the same Llama importer;
-- a `train.main` run: its newest parameters (`train.program.trained.load_trained`), LoRA
-  adapters merged.
+- a source whose tensors are named by the model's own parameter paths
+  (`train.formats.sources.base.OWN_PARAMS`): each placed as it is;
+- a `train.main` run (`Source.trained_here`): its newest parameters
+  (`train.program.trained.load_trained`), LoRA adapters merged.
 Each finished parameter is placed at once with the run's sharding
 (`train.program.steps.create_train_state(..., pretrained=...)`), so the host holds one layer
 in float32 at a time.
@@ -17,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import pathlib
 import types
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -32,91 +34,15 @@ from flax import traverse_util
 from flax_transformer import DecoderOnlyTransformer, TransformerConfig, merge_lora
 from flax_transformer.interop import gpt2, llama
 from train.formats import sources
-from train.formats.sources.gguf import GGUFSource
-from train.formats.sources.hf import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, HFSource, fail
+from train.formats.sources.base import OWN_PARAMS, TensorReader, fail
+from train.formats.sources.gguf import GGUFTensors
+from train.formats.sources.safetensors_reader import SafetensorsReader
 from train.program.trained import load_trained
 
-# safetensors dtype names -> numpy dtypes (bfloat16 through ml_dtypes, a jax dependency).
-_SAFETENSORS_DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": jnp.bfloat16,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
+# The readers' names of before they moved into train.formats.sources (`Source.tensor_reader`).
+__all__ = ["GGUFTensors", "SafetensorsReader", "load_weights"]
 
-
-class SafetensorsReader:
-    """The tensors of a model directory's safetensors file(s), each read on request with
-    plain file reads into a fresh numpy array (no memory map: the host keeps only the
-    arrays asked for).
-
-    The format (huggingface/safetensors): an 8-byte little-endian header length, a JSON
-    header naming each tensor's dtype, shape and byte range, then the bytes.
-    """
-
-    def __init__(self, directory: pathlib.Path):
-        index = directory / WEIGHTS_INDEX_FILE
-        if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            files = sorted(set(weight_map.values()))
-        else:
-            files = [WEIGHTS_FILE]
-        self._where: dict[str, tuple[pathlib.Path, int, dict]] = {}
-        for name in files:
-            path = directory / name
-            with open(path, "rb") as f:
-                size = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(size))
-            header.pop("__metadata__", None)
-            for key, info in header.items():
-                self._where[key] = (path, 8 + size, info)
-        self.bytes_on_disk = sum((directory / name).stat().st_size for name in files)
-
-    def keys(self) -> set[str]:
-        return set(self._where)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._where
-
-    def get(self, name: str) -> np.ndarray:
-        path, offset, info = self._where[name]
-        if info["dtype"] not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, not supported.")
-        start, stop = info["data_offsets"]
-        out = np.empty(info["shape"], _SAFETENSORS_DTYPES[info["dtype"]])
-        if out.nbytes != stop - start:
-            raise ValueError(f"{path}: tensor {name} holds {stop - start} bytes, not {out.nbytes}.")
-        with open(path, "rb") as f:
-            f.seek(offset + start)
-            f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
-        return out
-
-
-class GGUFTensors:
-    """The tensors of a GGUF file under their Hugging Face names, each dequantized to
-    float32 on request (the reader interface of `SafetensorsReader`)."""
-
-    def __init__(self, source: GGUFSource):
-        self._source = source
-        self.bytes_on_disk = source.path.stat().st_size
-
-    def keys(self) -> set[str]:
-        return set(self._source.tensors)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._source.tensors
-
-    def get(self, name: str) -> np.ndarray:
-        return self._source.read_tensor(name)
-
-
-Reader = SafetensorsReader | GGUFTensors
+Reader = TensorReader
 
 
 class _LazyModule:
@@ -147,7 +73,7 @@ class _LazyModule:
         return iter(_LazyModule(self._reader, f"{self._prefix}{i}.") for i in sorted(indices))
 
 
-def _lazy_model(source: HFSource | GGUFSource, reader: Reader) -> types.SimpleNamespace:
+def _lazy_model(source: sources.Source, reader: Reader) -> types.SimpleNamespace:
     """The checkpoint's layers as the objects the library's per-layer importers read
     (`body.h[i]` for GPT-2, `body.layers[i]` for Llama), and the tensor-name prefix of the
     body ('transformer.' / 'model.', or '' where the base model was saved alone)."""
@@ -174,12 +100,9 @@ def load_weights(
     """
     base = dataclasses.replace(model, **_without_adapters(model))
     dtype = np.dtype(base.param_dtype)
-    if isinstance(source, sources.RunSource):
+    if source.trained_here:  # an orbax checkpoint, restored by this floor
         return _load_run_weights(source, base, placement), 0
-    reader = (
-        GGUFTensors(source) if isinstance(source, GGUFSource) else SafetensorsReader(source.path)
-    )
-    lazy = _lazy_model(source, reader)
+    reader = source.tensor_reader()
 
     def place(path: tuple[str, ...], array: np.ndarray):
         array = np.asarray(array).astype(dtype, copy=False)
@@ -187,6 +110,14 @@ def load_weights(
             return jax.device_put(array, placement[path].sharding)
         return jnp.asarray(array)
 
+    if source.family == OWN_PARAMS:  # the model's own parameter paths: nothing to convert
+        out = {
+            tuple(name.split("/")): place(tuple(name.split("/")), reader.get(name))
+            for name in sorted(reader.keys())
+        }
+        _check_tree(out, base, source)
+        return traverse_util.unflatten_dict(out), reader.bytes_on_disk
+    lazy = _lazy_model(source, reader)
     try:
         top, layers = _read_checkpoint(source, lazy, reader, base)
         out = {path: place(path, read()) for path, read in top.items()}
@@ -221,7 +152,7 @@ def _set_layer(stack: jax.Array, index, value) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(stack, value, index, 0)
 
 
-def _load_run_weights(source: sources.RunSource, model: TransformerConfig, placement) -> dict:
+def _load_run_weights(source: sources.Source, model: TransformerConfig, placement) -> dict:
     """The newest parameters of a train.main run (LoRA adapters merged into their
     weights), in `model`'s dtype and layout, placed as `placement` says."""
     trained = load_trained(source.path)
@@ -244,9 +175,7 @@ def _load_run_weights(source: sources.RunSource, model: TransformerConfig, place
     return traverse_util.unflatten_dict(out)
 
 
-def _read_checkpoint(
-    source: HFSource | GGUFSource, lazy, reader: Reader, config: TransformerConfig
-):
+def _read_checkpoint(source: sources.Source, lazy, reader: Reader, config: TransformerConfig):
     """The checkpoint's parameters outside the layers (path -> a callable giving the host
     array in the parameters' dtype) and one callable per layer giving that layer's
     (path within the layer -> host array)."""
@@ -301,7 +230,7 @@ def _read_checkpoint(
     return top, [layer(i) for i in range(len(blocks))]
 
 
-def _check_tree(params: Mapping, config: TransformerConfig, source: HFSource | GGUFSource) -> None:
+def _check_tree(params: Mapping, config: TransformerConfig, source: sources.Source) -> None:
     """Every parameter of the model (LoRA aside) read, with its shape."""
     model = DecoderOnlyTransformer(config)
     tokens = jnp.zeros((1, 1), jnp.int32)

@@ -26,7 +26,6 @@ here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 from collections.abc import Mapping, Sequence
@@ -36,11 +35,7 @@ import jinja2
 
 from train.data.chat import jinja as chat_jinja
 from train.formats import sources
-from train.formats.sources.hf import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE
-
-# Where older tokenizers keep their special tokens (transformers reads it over
-# tokenizer_config.json's where the config lists no `added_tokens_decoder`).
-SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+from train.formats.sources.base import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE
 
 # The template taken from a list of named templates (transformers' choice without tools).
 DEFAULT_TEMPLATE_NAME = "default"
@@ -249,33 +244,15 @@ def source_chat_template(
     """
     model = sources.origin(source)
     where = where or f"--config.init_from={str(source.path)!r}"
-    if isinstance(model, sources.GGUFSource):
-        return find_chat_template(model.tokenizer_config, template_file=template_file, where=where)
     if model is None:
         raise ValueError(
             f"{where} is a run trained from scratch: its tokenizer has no chat template or "
             "control tokens; fine-tune a pretrained Instruct model instead."
         )
-    config = _read_json(model.path / TOKENIZER_CONFIG_FILE)
-    if "added_tokens_decoder" not in config:  # an older save: transformers reads both
-        config = {**config, **_read_json(model.path / SPECIAL_TOKENS_MAP_FILE)}
+    files = model.chat_files()
     return find_chat_template(
-        config, directory=model.path, template_file=template_file, where=where
+        files.tokenizer_config,
+        directory=files.directory,
+        template_file=template_file,
+        where=where,
     )
-
-
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
-    """A tokenizer file's JSON object ({} where the file is absent).
-
-    Raises:
-        ValueError: a file that is not a readable JSON object (names it).
-    """
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path}: not readable JSON ({err}).") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: not a JSON object.")
-    return value

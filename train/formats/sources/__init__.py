@@ -3,18 +3,22 @@
 Python package that ships one, `--config.init_from=smollm2`) or a `train.main` run directory
 (`train.formats.sources.run`), read without its weights.
 
+Each kind is one module that defines its `Source` subclass and its `Kind` entry (whether a
+path is of that kind, and how to read it; `train.formats.sources.base`), listed in `KINDS`
+below, the one place a path's kind is decided (`read_source`). Every source answers the
+floors above under the same names (`base.Source`: `model`, `tensor_reader()`,
+`tokenizer_files()`, `chat_files()`, `copy_files()`, `tokenizer_sha256()`), so they never ask
+which kind it is; a `train.main` run, whose model config, tokenizer and weights are the
+program's own formats, says so by `trained_here`.
+
 This package is a leaf of `train/`: config/, data/, store/ and program/ all read sources
 through it, and it imports none of them. What the layers above do with a source:
 - `train.config.config_lib` merges its model config with the run's own choices;
 - `train.data.tokenizers.open_tokenizer` opens its tokenizer (the one tokenizer factory);
+- `train.data.chat.template.source_chat_template` finds its chat template;
 - `train.program.weights.load_weights` reads and places its weights.
-A new kind of source is one new reader module here and one line in `read_source`.
-
-A run copies a source's small files (config and tokenizer) into `workdir/pretrained/`
-(`snapshot`), so its tools (`train.sample`, `train.export`) and a resumed run work after the
-source has moved; `open_source` prefers that copy. A GGUF file's copy is a Hugging Face
-directory (config.json, tokenizer.json, tokenizer_config.json): what reads it needs no GGUF
-code.
+A new kind of source is one new module here and its `KIND` in `KINDS` (docs/training.md, "Add
+a pretrained-source format").
 """
 
 from __future__ import annotations
@@ -24,18 +28,33 @@ import os
 import pathlib
 
 from train.core.rundir import RunDir
-from train.formats.sources.gguf import PACKAGED, SUFFIX, GGUFSource, packaged_file, read_gguf_file
-from train.formats.sources.hf import (
-    CONFIG_FILE,
-    HFSource,
-    fail,
-    read_config_json,
-    read_hf_directory,
-)
-from train.formats.sources.run import RunSource, is_run_config, read_run_directory
+from train.formats.sources import gguf, hf, run
+from train.formats.sources.base import CONFIG_FILE, Kind, Source, fail, read_config_json
+from train.formats.sources.gguf import PACKAGED, SUFFIX, GGUFSource, packaged_file
+from train.formats.sources.hf import HFSource
+from train.formats.sources.run import RunSource
 
-# A source of any kind.
-Source = HFSource | GGUFSource | RunSource
+__all__ = [
+    "ARCHITECTURE_FIELDS",
+    "CONFIG_FILE",
+    "KINDS",
+    "PACKAGED",
+    "SNAPSHOT_DIR",
+    "SOURCE_FILE",
+    "GGUFSource",
+    "HFSource",
+    "Kind",
+    "RunSource",
+    "Source",
+    "open_source",
+    "origin",
+    "read_source",
+    "snapshot",
+]
+
+# The kinds of source, in the order a path is tried: the first whose `detect` accepts it
+# reads it. A new kind is its module's name in the import line above and its KIND here.
+KINDS = (gguf.KIND, run.KIND, hf.KIND)
 
 # Where a run keeps the snapshot of its source, and the record of where it came from.
 SNAPSHOT_DIR = RunDir.PRETRAINED
@@ -131,8 +150,11 @@ def read_source(path: str | os.PathLike, *, need_weights: bool = True) -> Source
 
 
 def _read_source(path, directory: pathlib.Path, need_weights: bool) -> Source:
-    if directory.is_file() and directory.suffix == SUFFIX:
-        return read_gguf_file(directory)
+    """The first kind in `KINDS` that accepts `directory` reads it; where none does, the
+    error says what the path lacks."""
+    for kind in KINDS:
+        if kind.detect(directory):
+            return kind.read(directory, need_weights)
     if not directory.is_dir():
         what = "not a directory or" if directory.exists() else "no such directory or"
         raise fail(
@@ -140,15 +162,11 @@ def _read_source(path, directory: pathlib.Path, need_weights: bool) -> Source:
             f"{what} {SUFFIX} file; give a local Hugging Face model directory, a "
             f"GGUF file, or one of {sorted(PACKAGED)} (a GGUF file an installed package ships)",
         )
-    raw = read_config_json(directory)
-    if is_run_config(raw):
-        return read_run_directory(directory, raw, need_weights)
-    if not isinstance(raw, dict) or "model_type" not in raw:
-        raise fail(
-            path,
-            f"{CONFIG_FILE} has no model_type: neither a Hugging Face model nor a train.main run",
-        )
-    return read_hf_directory(directory, raw, need_weights)
+    read_config_json(directory)  # no config.json, or not JSON: says so
+    raise fail(
+        path,
+        f"{CONFIG_FILE} has no model_type: neither a Hugging Face model nor a train.main run",
+    )
 
 
 def open_source(init_from: str, workdir: str | os.PathLike | None = None) -> Source:
@@ -172,11 +190,11 @@ def snapshot(source: Source, target: str | os.PathLike) -> None:
     (target / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
-def origin(source: Source) -> HFSource | GGUFSource | None:
+def origin(source: Source) -> Source | None:
     """The pretrained model a source started from: itself, or through the snapshots of
     runs started from runs (a Hugging Face directory then); None for a run trained from
     scratch."""
-    while isinstance(source, RunSource):
+    while source.trained_here:
         copy = source.path / SNAPSHOT_DIR
         if not (copy / CONFIG_FILE).is_file():
             return None

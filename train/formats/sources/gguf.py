@@ -31,13 +31,17 @@ from flax_transformer import TransformerConfig
 from flax_transformer.interop import gguf_layout as library_gguf
 from flax_transformer.interop.gguf_layout import TensorInfo
 from train.formats.sources import gguf_config, gguf_tokenizer
-from train.formats.sources.hf import (
+from train.formats.sources.base import (
     CONFIG_FILE,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
-    convert_config,
+    ChatFiles,
+    Kind,
+    Source,
+    TokenizerFiles,
     fail,
 )
+from train.formats.sources.hf import convert_config
 
 SUFFIX = ".gguf"
 # Names for the GGUF file an installed Python package ships (`--config.init_from=smollm2`):
@@ -50,7 +54,7 @@ SUPPORTED_TYPES = library_gguf.READ_TYPES
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class GGUFSource:
+class GGUFSource(Source):
     """A GGUF file of the Llama family.
 
     Attributes:
@@ -76,6 +80,18 @@ class GGUFSource:
     def config_origin(self) -> pathlib.Path:
         """Where the model config was read (named in errors): the file itself."""
         return self.path
+
+    def tensor_reader(self) -> GGUFTensors:
+        """Its tensors under their Hugging Face names, dequantized on request."""
+        return GGUFTensors(self)
+
+    def tokenizer_files(self) -> TokenizerFiles:
+        """The tokenizer `tokenizer.ggml.*` describes, as Hugging Face files."""
+        return TokenizerFiles(self.tokenizer_json, self.hf_config, self.tokenizer_config, self.path)
+
+    def chat_files(self) -> ChatFiles:
+        """tokenizer_config.json, holding `tokenizer.chat_template` (no template file)."""
+        return ChatFiles(self.tokenizer_config, None)
 
     def copy_files(self, target: pathlib.Path) -> None:
         """Writes the source as a Hugging Face directory without weights into `target` (a
@@ -116,6 +132,24 @@ class GGUFSource:
         except ValueError as err:
             raise fail(self.path, str(err)) from None
         return np.ascontiguousarray(array)
+
+
+class GGUFTensors:
+    """The tensors of a GGUF file under their Hugging Face names, each dequantized to
+    float32 on request (a `train.formats.sources.base.TensorReader`)."""
+
+    def __init__(self, source: GGUFSource):
+        self._source = source
+        self.bytes_on_disk = source.path.stat().st_size
+
+    def keys(self) -> set[str]:
+        return set(self._source.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._source.tensors
+
+    def get(self, name: str) -> np.ndarray:
+        return self._source.read_tensor(name)
 
 
 def packaged_file(name: str) -> pathlib.Path:
@@ -205,3 +239,10 @@ def _source(path: pathlib.Path, meta: dict[str, Any], table: dict[str, TensorInf
         raise fail(path, str(err)) from None
     model = convert_config(path, "llama", hf_config)
     return GGUFSource(path, "llama", hf_config, model, tokenizer, tokenizer_config, tensors)
+
+
+KIND = Kind(
+    "GGUF file",
+    detect=lambda path: path.is_file() and path.suffix == SUFFIX,
+    read=lambda path, need_weights: read_gguf_file(path),
+)

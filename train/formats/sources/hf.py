@@ -8,18 +8,16 @@ GPT-2 and the Llama family (Llama, Mistral).
   with the dropout rates the checkpoint was pretrained with (`checkpoint_dropout`).
 - **the tokenizer files**: `tokenizer.json` and its companions (`TOKENIZER_FILES`), read by
   `train.data.hf_tokenizer`.
-- **the weights**: `model.safetensors` or its shards; only checked to be there here, read by
-  `train.program.weights`.
+- **the weights**: `model.safetensors` or its shards, checked to be there, read tensor by
+  tensor (`HFSource.tensor_reader`, `train.formats.sources.safetensors_reader`) and
+  converted and placed by `train.program.weights`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import pathlib
-import shutil
 import types
 from collections.abc import Mapping
 from typing import Any
@@ -27,24 +25,45 @@ from typing import Any
 from flax_transformer import TransformerConfig
 from flax_transformer.interop.gpt2 import gpt2_config
 from flax_transformer.interop.llama import llama_config
-
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-# Where transformers 5 saves a model's chat template (beside tokenizer_config.json, which then
-# holds none; `train.data.chat.template`).
-CHAT_TEMPLATE_FILE = "chat_template.jinja"
-# The files of a Hugging Face tokenizer: copied with a run (`train.formats.sources.snapshot`) and
-# written by `train.export`.
-TOKENIZER_FILES = (
-    TOKENIZER_FILE,
-    TOKENIZER_CONFIG_FILE,
+from train.formats.sources.base import (
     CHAT_TEMPLATE_FILE,
-    "special_tokens_map.json",
-    "generation_config.json",
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+    Kind,
+    Source,
+    config_json_or_none,
+    copy_file,
+    fail,
+    read_config_json,
 )
+from train.formats.sources.safetensors_reader import (
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    SafetensorsReader,
+)
+
+# Names of this module's before the base module held them (imported from here elsewhere).
+__all__ = [
+    "CHAT_TEMPLATE_FILE",
+    "CONFIG_FILE",
+    "FAMILIES",
+    "HF_DEFAULTS",
+    "KIND",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
+    "TOKENIZER_FILES",
+    "WEIGHTS_FILE",
+    "WEIGHTS_INDEX_FILE",
+    "HFSource",
+    "checkpoint_dropout",
+    "convert_config",
+    "copy_file",
+    "fail",
+    "read_config_json",
+    "read_hf_directory",
+]
 
 # The model types read: model_type -> the family of the library's converter and importer.
 FAMILIES = {"gpt2": "gpt2", "llama": "llama", "mistral": "llama"}
@@ -111,13 +130,8 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def fail(path: Any, expected: str) -> ValueError:
-    """The error for a source that cannot be read: `--config.init_from=<path>: <expected>.`"""
-    return ValueError(f"--config.init_from={str(path)!r}: {expected}.")
-
-
 @dataclasses.dataclass(frozen=True)
-class HFSource:
+class HFSource(Source):
     """A Hugging Face model directory (or a run's snapshot of its small files).
 
     Attributes:
@@ -132,26 +146,9 @@ class HFSource:
     hf_config: Mapping[str, Any]
     model: TransformerConfig
 
-    @property
-    def config_origin(self) -> pathlib.Path:
-        """Where the model config was read (named in errors)."""
-        return self.path / CONFIG_FILE
-
-    def copy_files(self, target: pathlib.Path) -> None:
-        """Copies the config and tokenizer files into `target` (a run's snapshot)."""
-        for name in (CONFIG_FILE, *TOKENIZER_FILES):
-            if (self.path / name).is_file():
-                copy_file(self.path / name, target / name)
-
-    def tokenizer_sha256(self) -> str:
-        """The SHA-256 of `tokenizer.json`: what the model's ids mean."""
-        return hashlib.sha256((self.path / TOKENIZER_FILE).read_bytes()).hexdigest()
-
-
-def copy_file(source: pathlib.Path, target: pathlib.Path) -> None:
-    """Copies a file through a temporary name, so `target` is whole or absent."""
-    shutil.copyfile(source, target.with_name(f"{target.name}.tmp"))
-    target.with_name(f"{target.name}.tmp").replace(target)
+    def tensor_reader(self) -> SafetensorsReader:
+        """`model.safetensors` or its shards, tensor by tensor."""
+        return SafetensorsReader(self.path)
 
 
 def _hf_namespace(hf_config: Mapping[str, Any]) -> types.SimpleNamespace:
@@ -246,16 +243,14 @@ def _check_weights(directory: pathlib.Path) -> None:
     raise fail(directory, f"no weights ({WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE})")
 
 
-def read_config_json(directory: pathlib.Path) -> Any:
-    """A directory's config.json, parsed.
+def is_hf_directory(path: pathlib.Path) -> bool:
+    """Whether `path` is a directory whose config.json names a `model_type`."""
+    raw = config_json_or_none(path)
+    return isinstance(raw, dict) and "model_type" in raw
 
-    Raises:
-        ValueError: no config.json, or not readable JSON (names the path).
-    """
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise fail(directory, f"no {CONFIG_FILE}: not a save_pretrained directory")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise fail(directory, f"{CONFIG_FILE} is not readable JSON ({err})") from None
+
+KIND = Kind(
+    "Hugging Face directory",
+    detect=is_hf_directory,
+    read=lambda path, need_weights: read_hf_directory(path, read_config_json(path), need_weights),
+)

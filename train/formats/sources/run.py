@@ -4,8 +4,9 @@ fine-tuned further (`--config.init_from=runs/lm_kjv`).
 Read here: that the directory is a run (its config.json records `task` and `model`), that it
 trained a language model, that it has checkpoints, and which tokenizer it used (the
 `tokenizer` and `vocab_size` fields it recorded). The run's model config is read with its
-whole checked config, by `train.config.config_lib.read_saved`, and its weights by
-`train.program.trained.load_trained`: both are above this module.
+whole checked config, by `train.config.config_lib.read_saved`, its tokenizer by
+`train.data.tokenizers.open_tokenizer`, and its weights by `train.program.trained.load_trained`:
+all above this package, which `RunSource.trained_here` tells them.
 """
 
 from __future__ import annotations
@@ -15,18 +16,29 @@ import hashlib
 import pathlib
 import shutil
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from train.core.rundir import RunDir
-from train.formats.sources.hf import CONFIG_FILE, copy_file, fail
+from train.formats.sources.base import (
+    CONFIG_FILE,
+    Kind,
+    Source,
+    config_json_or_none,
+    copy_file,
+    fail,
+    read_config_json,
+)
 
 # The run's own snapshot of what it started from (`train.formats.sources.snapshot`).
 SNAPSHOT_DIR = RunDir.PRETRAINED
 
 
 @dataclasses.dataclass(frozen=True)
-class RunSource:
-    """A `train.main` run directory (or a run's snapshot of its small files).
+class RunSource(Source):
+    """A `train.main` run directory (or a run's snapshot of its small files): its model
+    config, tokenizer and weights are the program's own formats, read by the floors above
+    (`trained_here`), so it has no `model`, `tensor_reader()`, `tokenizer_files()` or
+    `chat_files()` of its own.
 
     Attributes:
         path: the directory.
@@ -38,11 +50,7 @@ class RunSource:
     tokenizer: str
     vocab_size: int
     family: str = "run"
-
-    @property
-    def config_origin(self) -> pathlib.Path:
-        """Where the model config was read (named in errors)."""
-        return self.path / CONFIG_FILE
+    trained_here: ClassVar[bool] = True
 
     def tokenizer_path(self) -> pathlib.Path:
         """Where the run's tokenizer is read from (`RunDir.tokenizer_path`)."""
@@ -92,3 +100,10 @@ def read_run_directory(
             f"its {CONFIG_FILE} records no tokenizer and vocab_size: not a run of train.main",
         )
     return RunSource(directory, kind, vocab_size)
+
+
+KIND = Kind(
+    "train.main run",
+    detect=lambda path: is_run_config(config_json_or_none(path)),
+    read=lambda path, need_weights: read_run_directory(path, read_config_json(path), need_weights),
+)
