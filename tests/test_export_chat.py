@@ -13,6 +13,7 @@ and a Hugging Face directory.
 from __future__ import annotations
 
 import json
+import pathlib
 import types
 
 import jax
@@ -214,3 +215,19 @@ def test_a_translation_run_is_refused_naming_its_task(tmp_path, tiny_config):
         assert f"writes {what} of a decoder-only language model" in message
         assert "'lm', 'chat', 'dpo'" in message and "\n" not in message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_template_file_is_gone_is_refused_naming_it(sft_run, tmp_path):
+    """The run's own template is read again from the path it was given: gone, the export
+    says so in one line rather than writing the model's template in its place."""
+    trained = load_trained(sft_run)
+    template = trained.experiment.data.chat_template
+    moved = tmp_path / "moved.jinja"
+    pathlib.Path(template).rename(moved)
+    try:
+        for write in (write_trained_gguf, write_trained):
+            with pytest.raises(ValueError, match=r"--config.chat_template='.*own\.jinja': cannot"):
+                write(trained, sft_run, tmp_path / "out")
+        assert not (tmp_path / "out").exists()
+    finally:
+        moved.rename(template)

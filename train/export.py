@@ -98,6 +98,11 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
     _check_decoder_only(trained, workdir, "a Hugging Face directory")
     model_config, params = _merged(trained.model.config, trained.params)
     source = _hf_origin(pathlib.Path(workdir))
+    run_template = trained.experiment.data.chat_template
+    # Read before anything is written: the file is read again from the path the run had.
+    own_template = (
+        _chat_template(source, run_template) if source is not None and run_template else None
+    )
     family = source.family if source is not None else _family(model_config)
     to_tensors = gpt2_tensors if family == "gpt2" else llama_tensors
     tensors = to_tensors(model_config, {"params": params})
@@ -121,9 +126,8 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
         for name in TOKENIZER_FILES:
             if (source.path / name).is_file():
                 shutil.copyfile(source.path / name, out / name)
-        run_template = trained.experiment.data.chat_template
-        if run_template:
-            _write_chat_template(out, _chat_template(source, run_template))
+        if own_template is not None:
+            _write_chat_template(out, own_template)
     return out
 
 
