@@ -217,17 +217,37 @@ def test_a_translation_run_is_refused_naming_its_task(tmp_path, tiny_config):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_run_whose_template_file_is_gone_is_refused_naming_it(sft_run, tmp_path):
-    """The run's own template is read again from the path it was given: gone, the export
-    says so in one line rather than writing the model's template in its place."""
+def test_the_run_keeps_its_template_so_a_moved_or_edited_file_does_not_matter(sft_run, tmp_path):
+    """The run copied its template file at its start (W/chat_template.jinja): with the
+    user's file edited and then gone, the export and `train.sample --chat` still use the
+    template it trained with; a run without the copy (made before it was kept) reads the
+    user's path, and with the file gone is refused in one line, nothing written."""
+    from train.sample import chat_replies
+
     trained = load_trained(sft_run)
-    template = trained.experiment.data.chat_template
-    moved = tmp_path / "moved.jinja"
-    pathlib.Path(template).rename(moved)
+    user_file = pathlib.Path(trained.experiment.data.chat_template)
+    copy = sft_run / "chat_template.jinja"
+    assert copy.read_text(encoding="utf-8") == OWN_TEMPLATE
+    moved, kept = tmp_path / "moved.jinja", tmp_path / "kept.jinja"
+    user_file.rename(moved)
     try:
+        user_file.write_text("{{ messages[0]['content'] }}", encoding="utf-8")  # edited
+        out = write_trained(trained, sft_run, tmp_path / "edited")
+        config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+        assert config["chat_template"] == OWN_TEMPLATE
+        user_file.unlink()  # gone
+        assert read_gguf(write_trained_gguf(trained, sft_run, tmp_path / "a.gguf"))[3] == (
+            OWN_TEMPLATE
+        )
+        (reply,) = chat_replies(sft_run, [QUESTION], max_new_tokens=2)
+        assert isinstance(reply, str)
+        copy.rename(kept)  # a run from before the copy
         for write in (write_trained_gguf, write_trained):
             with pytest.raises(ValueError, match=r"--config.chat_template='.*own\.jinja': cannot"):
                 write(trained, sft_run, tmp_path / "out")
         assert not (tmp_path / "out").exists()
     finally:
-        moved.rename(template)
+        user_file.unlink(missing_ok=True)
+        moved.rename(user_file)
+        if kept.exists():
+            kept.rename(copy)

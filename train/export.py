@@ -11,8 +11,9 @@ library's exporters (`flax_transformer.export_gpt2` / `export_llama` layouts). A
 from pretrained weights (`--config.init_from`) is written as the family it came from, with
 the source's `config.json` (its architecture is the run's) and tokenizer files, and the
 added pad id (`train.data.hf_tokenizer`) removed again, so the directory has the source's
-vocabulary and loads wherever the source did; a run with its own chat template
-(`--config.chat_template`) has it in `tokenizer_config.json` instead of the source's.
+vocabulary and loads wherever the source did; a run with its own chat template (its copy
+of `--config.chat_template`, `W/chat_template.jinja`) has it in `tokenizer_config.json`
+instead of the source's.
 LoRA adapters are merged into the weights they adapt (`flax_transformer.merge_lora`), or
 with `--adapters_only` written alone (`adapter_model.safetensors`, `adapter_config.json`)
 in the names of the PEFT library.
@@ -24,10 +25,10 @@ Hugging Face one: its ids are the run's).
 bf16 or q8_0) of a Llama-family run started from a pretrained model with a byte-level BPE
 (SmolLM2, Llama 3 and other GGUF or Hugging Face Llama starts): LoRA merged, the added pad
 id removed, the tokenizer (`GGUFVocab.from_tokenizer` of the run's copy of the model's
-`tokenizer.json`) and the chat template (the run's `--config.chat_template`, else the
-model's: the one the run trained with) with it. What llama.cpp cannot run is refused
-before anything is written. An encoder-decoder (a translation run) is refused in either
-format.
+`tokenizer.json`) and the chat template (the run's own, its copy of
+`--config.chat_template`, else the model's: the one the run trained with) with it. What
+llama.cpp cannot run is refused before anything is written. An encoder-decoder (a
+translation run) is refused in either format.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from flax_transformer.interop.gguf_layout import WRITE_TYPES
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
 from train.core.cli import die, parse_flags, quiet_library_logs
 from train.core.failures import USAGE_ERROR
-from train.data.chat.template import find_chat_template
+from train.core.rundir import RunDir
+from train.data.chat.template import find_chat_template, run_template_file
 from train.formats import sources
 from train.formats.sources.hf import (
     CHAT_TEMPLATE_FILE,
@@ -98,8 +100,8 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
     _check_decoder_only(trained, workdir, "a Hugging Face directory")
     model_config, params = _merged(trained.model.config, trained.params)
     source = _hf_origin(pathlib.Path(workdir))
-    run_template = trained.experiment.data.chat_template
-    # Read before anything is written: the file is read again from the path the run had.
+    run_template = _run_template_file(workdir, trained)
+    # Read before anything is written (a run from before its copy reads the user's path).
     own_template = (
         _chat_template(source, run_template) if source is not None and run_template else None
     )
@@ -192,7 +194,7 @@ def write_trained_gguf(trained, workdir, out, gguf_type: str = "f16") -> pathlib
     vocab, source = gguf_vocab(workdir)
     model_config, params = _merged(trained.model.config, trained.params)
     model_config, params = _without_added_pad(model_config, params, len(vocab), vocab.pad_id)
-    template = _chat_template(source, trained.experiment.data.chat_template)
+    template = _chat_template(source, _run_template_file(workdir, trained))
     return write_gguf(out, model_config, {"params": params}, vocab, template, type=gguf_type)
 
 
@@ -254,9 +256,16 @@ def _without_added_pad(config, params, vocab_size: int, pad_id: int | None):
     return dataclasses.replace(config, **fields), params
 
 
+def _run_template_file(workdir, trained) -> str:
+    """The run's own chat template file: its copy (`W/chat_template.jinja`, the template it
+    trained with), else the `--config.chat_template` path of a run from before the copy was
+    kept; '' for a run that used the model's."""
+    return run_template_file(RunDir(workdir), trained.experiment.data.chat_template)
+
+
 def _chat_template(source: sources.HFSource, run_template: str) -> str | None:
-    """The run's chat template file (`--config.chat_template`), else the model's; None for
-    a model without one (a base model)."""
+    """The run's chat template file (`_run_template_file`), else the model's; None for a
+    model without one (a base model)."""
     config = json.loads((source.path / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
     has_own = (
         config.get("chat_template") is not None or (source.path / CHAT_TEMPLATE_FILE).is_file()
