@@ -13,10 +13,9 @@ the source's `config.json` (its architecture is the run's) and tokenizer files, 
 added pad id (`train.data.hf_tokenizer`) removed again, so the directory has the source's
 vocabulary and loads wherever the source did; a run with its own chat template (its copy
 of `--config.chat_template`, `W/chat_template.jinja`) has it in `tokenizer_config.json`
-instead of the source's.
-LoRA adapters are merged into the weights they adapt (`flax_transformer.merge_lora`), or
-with `--adapters_only` written alone (`adapter_model.safetensors`, `adapter_config.json`)
-in the names of the PEFT library.
+instead of the source's. LoRA adapters are merged into the weights they adapt
+(`flax_transformer.merge_lora`), or with `--adapters_only` written alone
+(`adapter_model.safetensors`, `adapter_config.json`) in the names of the PEFT library.
 
 A run trained from scratch is written with the library's config (its own tokenizer is not a
 Hugging Face one: its ids are the run's).
@@ -157,7 +156,7 @@ def _check_decoder_only(trained, workdir, writes: str) -> None:
 
 
 def _write_chat_template(out: pathlib.Path, template: str) -> None:
-    """Puts the run's own chat template (`--config.chat_template`) into the exported
+    """Puts the run's own chat template (`_run_template_file`) into the exported
     `tokenizer_config.json`, in place of the model's; a copied `chat_template.jinja` (the
     model's, which transformers would read first) is removed."""
     (out / CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
