@@ -34,6 +34,7 @@ from train.core import compute_dtype, distributed
 from train.core.failures import Preempted
 from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir
 from train.data.batching import RowShare
+from train.data.chat.template import keep_run_template
 from train.data.dataset import Dataset, Processes
 from train.data.pipeline.input_pipeline import open_dataset
 from train.data.tokenizers import vocabulary
@@ -146,13 +147,16 @@ class _Start(NamedTuple):
 def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> sources.Source:
     """`--config.init_from`'s source (a resumed run: the run's copy of it, as the weights
     come from the checkpoint); process 0 first copies its config and tokenizer into the run
-    directory (the tokenizer is read from there, by every process and by the tools)."""
+    directory (the tokenizer is read from there, by every process and by the tools), and the
+    run's own chat template file, if any (`train.data.chat.template.keep_run_template`)."""
     if resuming:
         source = sources.open_source(experiment.data.init_from, run.path)
     else:
         source = sources.read_source(experiment.data.init_from)
-    if distributed.is_primary() and not (run.pretrained / sources.CONFIG_FILE).is_file():
-        sources.snapshot(source, run.pretrained)
+    if distributed.is_primary():
+        if not (run.pretrained / sources.CONFIG_FILE).is_file():
+            sources.snapshot(source, run.pretrained)
+        keep_run_template(experiment.data.chat_template, run)
     distributed.barrier("pretrained-snapshot")
     model, pretrained = experiment.model, config_lib.source_model(source)
     rates = (model.dropout_rate, model.attention_dropout_rate)

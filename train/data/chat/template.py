@@ -33,6 +33,7 @@ from typing import Any
 
 import jinja2
 
+from train.core.rundir import RunDir, atomic_write_text
 from train.data.chat import jinja as chat_jinja
 from train.formats import sources
 from train.formats.sources.base import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE
@@ -256,3 +257,27 @@ def source_chat_template(
         template_file=template_file,
         where=where,
     )
+
+
+def keep_run_template(template_file: str, run: RunDir) -> None:
+    """Copies a run's own chat template file (`--config.chat_template`) into its directory
+    (`RunDir.chat_template`), so that `train.sample --chat` and `train.export` read the
+    template it trained with after the user's file has moved or changed. Nothing for a run
+    without one; a file that does not read is left to the encoder, which refuses it naming
+    the flag."""
+    if not template_file:
+        return
+    try:
+        text = pathlib.Path(template_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    atomic_write_text(run.chat_template, text)
+
+
+def run_template_file(run: RunDir, template_file: str) -> str:
+    """The chat template file a trained run's tools read: its copy (`keep_run_template`)
+    where the run had a template of its own, else `template_file` (the user's path, for a
+    run from before the copy was kept; '' for a run with the model's template)."""
+    if template_file and run.chat_template.is_file():
+        return str(run.chat_template)
+    return template_file
