@@ -6,7 +6,8 @@ and a Hugging Face directory.
 
 - the exports' logits are the run's (read back by `read_gguf` and by transformers);
 - the chat template in the files is the one the run trained with: the SFT run's own file, and
-  for the DPO run (which gave none) the model's, as its training rendered the pairs;
+  for the DPO run started from it (which gave none) the same, inherited, as its training
+  rendered the pairs;
 - a translation run (an encoder-decoder) is refused in one line naming its task.
 """
 
@@ -111,17 +112,17 @@ def sft_run(tmp_path_factory, model_dir, verses):
 
 
 @pytest.fixture(scope="module")
-def dpo_run(tmp_path_factory, model_dir, verses):
-    """A preference run from the model (every weight trained), with no template of its own:
-    it renders its pairs with the model's (ChatML). (A run cannot start from a chat run yet:
-    `init_from` of a run directory takes task='lm' runs only.)"""
+def dpo_run(tmp_path_factory, sft_run, verses):
+    """A preference run started from the SFT run (the user's path SFT -> DPO; every weight
+    trained), with no template of its own: it renders its pairs with the template the SFT
+    run trained with (`inherited_template`), not the model's ChatML."""
     from configs import dpo_smollm2
 
     root = tmp_path_factory.mktemp("dpo")
     pairs = [{"prompt": "Modernize: " + k, "chosen": w, "rejected": k} for k, w in verses]
     config = _short_run(
         dpo_smollm2.get_config(),
-        init_from=str(model_dir),
+        init_from=str(sft_run),
         corpus="preference",
         corpus_path=str(_write(root / "train.jsonl", pairs[:32])),
         valid_path=str(_write(root / "valid.jsonl", pairs[32:])),
@@ -153,7 +154,7 @@ def _assert_close(exported, ours):
 
 @pytest.mark.parametrize(
     "run, template",
-    [("sft_run", OWN_TEMPLATE), ("dpo_run", CHATML_TEMPLATE)],
+    [("sft_run", OWN_TEMPLATE), ("dpo_run", OWN_TEMPLATE)],
     ids=["sft", "dpo"],
 )
 def test_gguf_export_has_the_runs_logits_and_chat_template(request, tmp_path, run, template):
@@ -169,7 +170,7 @@ def test_gguf_export_has_the_runs_logits_and_chat_template(request, tmp_path, ru
 
 @pytest.mark.parametrize(
     "run, template",
-    [("sft_run", OWN_TEMPLATE), ("dpo_run", CHATML_TEMPLATE)],
+    [("sft_run", OWN_TEMPLATE), ("dpo_run", OWN_TEMPLATE)],
     ids=["sft", "dpo"],
 )
 def test_hf_export_loads_in_transformers_with_the_runs_logits_and_template(
@@ -190,8 +191,7 @@ def test_hf_export_loads_in_transformers_with_the_runs_logits_and_template(
     # transformers renders a conversation through the file's template as the run did.
     messages = [{"role": "user", "content": QUESTION}]
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    prompt = "<|im_start|>user:" if run == "sft_run" else "<|im_start|>user\n"
-    assert rendered.startswith(prompt + QUESTION)
+    assert rendered.startswith("<|im_start|>user:" + QUESTION)
 
 
 def test_a_translation_run_is_refused_naming_its_task(tmp_path, tiny_config):
@@ -251,3 +251,21 @@ def test_the_run_keeps_its_template_so_a_moved_or_edited_file_does_not_matter(sf
         moved.rename(user_file)
         if kept.exists():
             kept.rename(copy)
+
+
+def test_a_run_started_from_a_chat_run_trains_with_its_template(sft_run, dpo_run):
+    """What the DPO run rendered its pairs with: the SFT run's own template, read from the SFT
+    run and from the DPO run's snapshot of it (what a resumed DPO run reads); a run from the
+    model itself, and a template given on the command line, are unchanged."""
+    from train.data.chat.template import source_chat_template
+    from train.formats.sources import read_source
+
+    for path in (sft_run, dpo_run / "pretrained"):
+        source = read_source(path, need_weights=False)
+        assert source.trained_here
+        assert source_chat_template(source).source == OWN_TEMPLATE
+        given = dpo_run.parent / "given.jinja"
+        given.write_text(CHATML_TEMPLATE, encoding="utf-8")
+        assert source_chat_template(source, template_file=given).source == CHATML_TEMPLATE
+    model = read_source(sft_run / "pretrained", need_weights=False)
+    assert source_chat_template(model).source == CHATML_TEMPLATE
