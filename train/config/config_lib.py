@@ -21,6 +21,7 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train.config import freeze
+from train.config.dtype_choice import with_chosen_dtype
 from train.config.sections import (
     PACKINGS,
     DataConfig,
@@ -202,7 +203,7 @@ def merge_model_config(
             raise ValueError(f"--config.model.{name}: not a TransformerConfig field.")
         fields[name] = value
     try:
-        return TransformerConfig(**fields)
+        return TransformerConfig(**with_chosen_dtype(fields))
     except ValueError as err:
         raise model_field_error(err) from err
 
@@ -288,7 +289,10 @@ def model_config(
             )
     try:
         return TransformerConfig(
-            vocab_size=vocab_size, max_len=config.max_len, pad_id=pad_id, **fields
+            vocab_size=vocab_size,
+            max_len=config.max_len,
+            pad_id=pad_id,
+            **with_chosen_dtype(fields),
         )
     except ValueError as err:
         raise model_field_error(err, ("vocab_size", "max_len")) from err

@@ -233,7 +233,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         # runs: the config's dtype is used as it is.
         host = compute_dtype.choose_compute_dtype(compute_dtype.cpu_flags())
         logging.info(
-            "Compute dtype %s (the config's); this CPU host's choice: %s.",
+            "Compute dtype %s; this CPU host's choice (--config.model.dtype=auto): %s.",
             jnp.dtype(program.model.config.dtype).name,
             host.reason,
         )
