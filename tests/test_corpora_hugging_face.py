@@ -68,3 +68,60 @@ def test_config_checks_hf_fields():
         config_lib.validate_config(config)
     config.corpora.hf.fields = "translation.de,translation.en"
     config_lib.validate_config(config)
+
+
+# Preference pairs (`hf-preference`), read by the real `datasets` from a local directory.
+
+PAIRS = [
+    {"prompt": "Say hi.", "chosen": "Hi!", "rejected": "No."},
+    {
+        "prompt": [{"role": "user", "content": "Rewrite: thou art"}],
+        "chosen": [{"role": "assistant", "content": "you are"}],
+        "rejected": [{"role": "assistant", "content": "thou art"}],
+    },
+]
+
+
+def test_preference_pairs_from_a_local_dataset_equal_the_json_lines_reader(tmp_path):
+    """A directory of JSON-lines files is a `datasets` dataset: its rows give the pairs the
+    `preference` corpus gives for the same file (both forms; a conversational row too)."""
+    pytest.importorskip("datasets")
+    import dataclasses
+    import json
+
+    from train.formats.corpora.hugging_face import load_hf_pairs
+    from train.formats.corpora.preferences import read_preference_jsonl
+
+    for name, rows in (("strings", PAIRS[:1]), ("messages", PAIRS[1:])):
+        directory = tmp_path / name
+        directory.mkdir()
+        path = directory / "train.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        got, want = load_hf_pairs(str(directory), "", "train"), read_preference_jsonl(path)
+        # The same pairs and split keys; only where each came from differs.
+        assert [dataclasses.replace(p, where="") for p in got] == [
+            dataclasses.replace(p, where="") for p in want
+        ]
+        assert got[0].where.endswith(f"{name}[train] row 0")
+
+
+def test_a_row_that_is_not_a_pair_is_named(monkeypatch):
+    module = types.ModuleType("datasets")
+    module.load_dataset = lambda name, config_name, split: [PAIRS[0], {"chosen": "only"}]
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    from train.formats.corpora.hugging_face import load_hf_pairs
+
+    with pytest.raises(ValueError, match=r"prefs\[train\] row 1: field 'rejected' is missing"):
+        load_hf_pairs("prefs", "", "train")
+
+
+def test_the_dpo_task_reads_hf_preference():
+    from configs import dpo_smollm2
+
+    config = dpo_smollm2.get_config()
+    config.corpus = "hf-preference"
+    config.corpora.hf.dataset = "trl-lib/ultrafeedback_binarized"
+    assert config_lib._check_task(config) is None  # the task accepts the corpus
+    config.task = "chat"
+    with pytest.raises(ValueError, match=r"--config.corpus='hf-preference': task='chat' reads"):
+        config_lib._check_task(config)

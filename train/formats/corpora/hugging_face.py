@@ -4,6 +4,12 @@ offline runs never use it), e.g. `--config.corpus=hf --config.corpora.hf.dataset
 Fields are dotted paths into each record. Conversations (`--config.task=chat`) come from
 `hf-chat`, which reads each row's `messages` column, or its `prompt` and `completion`
 columns, as TRL does (`--config.corpus=hf-chat --config.corpora.hf.dataset=trl-lib/Capybara`).
+Preference pairs (`--config.task=dpo`) come from `hf-preference`, each row in TRL's
+preference formats (`prompt`, `chosen`, `rejected`; or `chosen` and `rejected` conversations
+sharing their prompt), read as the `preference` JSON-lines corpus reads a line
+(`--config.corpus=hf-preference --config.corpora.hf.dataset=trl-lib/ultrafeedback_binarized`).
+A local directory of JSON-lines or Parquet files is a dataset too (`datasets` reads it
+offline).
 
 Options (`--config.corpora.hf.<field>`, once `--config.hf_<field>`):
     dataset   the dataset's name (needs `datasets`, online)
@@ -24,6 +30,7 @@ from train.formats.corpora.conversations import Conversation, conversation_of
 from train.formats.corpora.corpus import Corpus, CorpusNotFoundError
 from train.formats.corpora.files import document_text
 from train.formats.corpora.options import option_error
+from train.formats.corpora.preferences import PreferencePair, pair_of
 
 SECTION = "hf"
 
@@ -105,6 +112,25 @@ def load_hf_conversations(name: str, config_name: str, split: str) -> list[Conve
     return conversations
 
 
+def load_hf_pairs(name: str, config_name: str, split: str) -> list[PreferencePair]:
+    """The preference pairs of a `datasets` dataset, one per row, in TRL's formats
+    (`train.formats.corpora.preferences.pair_of`).
+
+    Raises:
+        CorpusNotFoundError: `datasets` is not installed.
+        ValueError: a row that is not a pair (naming the dataset, the row and the field), or
+            no rows.
+    """
+    records = _load_records(name, config_name, split, "hf-preference", "'preference'")
+    pairs = [
+        pair_of(dict(record), f"{name}[{split}] row {index}")
+        for index, record in enumerate(records)
+    ]
+    if not pairs:
+        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no rows.")
+    return pairs
+
+
 def load_hf_examples(
     name: str, config_name: str, split: str, fields: Sequence[str], collapse: bool = True
 ) -> list[str] | list[tuple[str, str]]:
@@ -172,5 +198,16 @@ CORPORA = (
             data.corpora.hf.dataset, data.corpora.hf.config, data.corpora.hf.split
         ),
         needs=(("corpora.hf.dataset", "a dataset name"),),
+    ),
+    Corpus(
+        "hf-preference",
+        tasks=("dpo",),
+        formats="a Hugging Face datasets dataset (online, or a local directory of JSON-lines "
+        "files) with 'prompt', 'chosen' and 'rejected' columns, or 'chosen' and 'rejected' "
+        "conversations",
+        read=lambda data: load_hf_pairs(
+            data.corpora.hf.dataset, data.corpora.hf.config, data.corpora.hf.split
+        ),
+        needs=(("corpora.hf.dataset", "a dataset name or directory"),),
     ),
 )
