@@ -186,7 +186,8 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     dataset = open_dataset(
         experiment.data,
         run,
-        vocabulary(experiment.data, experiment.model.vocab_size, run.pretrained),
+        # The source opened once, handed down: the data path never reads its path again.
+        vocabulary(experiment.data, experiment.model.vocab_size, source or run.pretrained),
         task=get_task(experiment.data.task).configured(experiment.data),
         seed=settings.seed,
         num_steps=settings.num_train_steps,

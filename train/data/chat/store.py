@@ -77,8 +77,7 @@ def chat_store_settings(data, vocabulary: Vocabulary) -> dict:
     Raises:
         ValueError: the pretrained source or the template file does not read.
     """
-    source = sources.read_source(vocabulary.source, need_weights=False)
-    template = source_chat_template(source, data.chat_template or None)
+    template = source_chat_template(vocabulary.pretrained(), data.chat_template or None)
     identity = json.dumps([template.source, dict(template.special_tokens)], sort_keys=True)
     return store_settings(data, vocabulary) | {
         "task": data.task,
@@ -130,17 +129,19 @@ def _prepare(data, vocabulary: Vocabulary, settings: dict) -> TokenStore:
         begin_store(store_dir, settings, [{"corpus": data.corpus, "task": data.task}])
         copy = tokenizer_path(store_dir, data.tokenizer)
         if not (copy / sources.CONFIG_FILE).is_file():
-            sources.snapshot(sources.read_source(vocabulary.source, need_weights=False), copy)
+            sources.snapshot(vocabulary.pretrained(), copy)
     except OSError as err:
         raise StoreWriteError(
             f"could not write the token store {store_dir} ({err}) ; fix the cause and rerun."
         ) from err
+    # The run's open source (the store's copy is of the same tokenizer: its settings say so).
+    source = vocabulary.pretrained()
     tokenizer = open_tokenizer(
-        data.tokenizer, vocabulary.size, tokenizer_path(store_dir, data.tokenizer)
+        data.tokenizer, vocabulary.size, tokenizer_path(store_dir, data.tokenizer), source=source
     )
     encoder = run_chat_encoder(
         tokenizer,
-        vocabulary.source,
+        source,
         train_on=data.train_on,
         chat_template=data.chat_template,
         init_from=data.init_from,
