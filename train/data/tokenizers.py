@@ -132,8 +132,12 @@ class Vocabulary:
             source's tokenizer definition ('' for bytes and SentencePiece, whose store holds
             its own model).
         starts_with_bos: documents start with the BOS (`SpecialIds.starts_with_bos`).
-        opened: the pretrained source at `source`, open (None: not opened here; `pretrained`
-            reads it). Not part of the value: two vocabularies of the same ids are equal.
+        opened: for 'pretrained', the source at `source`, open: the data path takes its
+            tokenizer, chat template and files from it and never reads `source` again. Not
+            part of the value: two vocabularies of the same ids are equal.
+
+    Raises:
+        ValueError: a 'pretrained' vocabulary without its open source.
     """
 
     kind: str
@@ -143,19 +147,12 @@ class Vocabulary:
     starts_with_bos: bool = True
     opened: sources.Source | None = dataclasses.field(default=None, compare=False, repr=False)
 
-    def pretrained(self) -> sources.Source:
-        """The pretrained source, as the run opened it (else read from `source`, as a
-        vocabulary made from a path has it).
-
-        Raises:
-            ValueError: not a pretrained vocabulary, or a source that does not read.
-        """
-        if self.kind != "pretrained":
+    def __post_init__(self):
+        if self.kind == "pretrained" and self.opened is None:
             raise ValueError(
-                f"--config.tokenizer={self.kind!r}: the vocabulary has no pretrained source; "
-                "use --config.tokenizer='pretrained' with --config.init_from."
+                f"Vocabulary(kind='pretrained', source={self.source!r}) has no open source: "
+                "make it with train.data.tokenizers.vocabulary(data, vocab_size, source)."
             )
-        return self.opened or sources.read_source(self.source, need_weights=False)
 
 
 def vocabulary(

@@ -174,10 +174,7 @@ def build_dataset(
     packer = get_packer(data.packing)
     packer.check(data, num_devices, share)
     texts = _split(data, task)
-    if source is not None and data.tokenizer == "pretrained":  # each process: the source's
-        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run, source=source)
-    else:
-        tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes)
+    tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes, source)
     ids = _tokenize(data, task, tokenizer, texts, source or run.pretrained)
     ids = _with_copies(data.copied_targets, seed, ids)
     if packer.whole_examples:
@@ -202,16 +199,21 @@ def build_dataset(
 
 
 def _shared_tokenizer(
-    data: DataConfig, run: RunDir, train_texts: list[str], processes: Processes
+    data: DataConfig,
+    run: RunDir,
+    train_texts: list[str],
+    processes: Processes,
+    source: Source | None,
 ) -> Tokenizer:
     """The run's tokenizer (`train.data.tokenizers.run_tokenizer`): process 0 makes it first
-    (SentencePiece is trained on the train split on first use), then the others read it."""
-    options = {"lossless": not data.collapses_whitespace}
+    (SentencePiece is trained on the train split on first use), then the others read it; a
+    pretrained one is `source`'s, where the run hands it."""
+    options = {"lossless": not data.collapses_whitespace, "source": source}
     if processes.primary:
         tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run, train_texts, **options)
     processes.barrier("tokenizer")
     if not processes.primary:
-        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run)
+        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run, source=source)
     return tokenizer
 
 

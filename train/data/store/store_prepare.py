@@ -387,7 +387,7 @@ def _ensure_tokenizer(
     if data.tokenizer == "pretrained":  # a copy of the model's tokenizer, for the workers
         copy = tokenizer_path(store_dir, "pretrained")
         if not (copy / CONFIG_FILE).is_file():
-            snapshot(vocabulary.pretrained(), copy)
+            snapshot(vocabulary.opened, copy)
         return
     model = store_dir / TOKENIZER_FILE
     if data.tokenizer != "sentencepiece" or model.is_file():
