@@ -145,8 +145,9 @@ class _Start(NamedTuple):
 
 def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> sources.Source:
     """`--config.init_from`'s source (a resumed run: the run's copy of it, as the weights
-    come from the checkpoint); process 0 first copies its config and tokenizer into the run
-    directory (the tokenizer is read from there, by every process and by the tools)."""
+    come from the checkpoint), opened once for the run: `_start` hands it to the data path
+    and the weights. Process 0 first copies its config and tokenizer into the run directory,
+    for the tools that read the run later."""
     if resuming:
         source = sources.open_source(experiment.data.init_from, run.path)
     else:
