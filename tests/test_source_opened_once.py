@@ -4,10 +4,12 @@ the process gets the same `Source` while its files are unchanged
 (`train.formats.sources.read_source`)."""
 
 import json
+import types
 
 import pytest
 
 from configs import finetune_gpt2, sft_smollm2
+from train.data.tokenizers import Vocabulary, vocabulary
 from train.formats import sources
 from train.formats.corpora.bibles import load_kjv_web_pairs
 from train.program import loop
@@ -147,3 +149,15 @@ def test_a_chat_run_reads_its_source_once(tmp_path, monkeypatch, model_dir, text
     paths = _recording(monkeypatch)
     loop.train_and_evaluate(config, str(tmp_path / "run"))
     assert paths == [str(model_dir)]
+
+
+def test_a_pretrained_vocabulary_carries_its_open_source(model_dir, monkeypatch):
+    paths = _recording(monkeypatch)
+    source = sources.read_source(model_dir, need_weights=False)
+    data = types.SimpleNamespace(tokenizer="pretrained", init_from="elsewhere")
+    ids = vocabulary(data, source.model.vocab_size, source)
+    assert ids.opened is source and ids.source == str(source.path)
+    assert ids.identity == source.tokenizer_sha256()
+    assert paths == [str(model_dir)]  # handed in, not read again (init_from is not read)
+    with pytest.raises(ValueError, match="no open source: make it with .*vocabulary"):
+        Vocabulary("pretrained", ids.size, ids.source, ids.identity)
