@@ -1,5 +1,7 @@
 """The preference objectives (`train.tasks.dpo.objective`) as pure functions: hand-checked
-small cases, and the loss of a policy equal to its reference."""
+small cases, and the loss of a policy equal to its reference; and the replies'
+log-probabilities through a tiny model's head in blocks (`train.tasks.dpo.logps`) equal to
+`sequence_logps` of its whole logits."""
 
 import math
 
@@ -7,7 +9,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
+from flax_transformer import DecoderOnlyTransformer, TransformerConfig
+from train.tasks.common.objective import LossSetup
+from train.tasks.dpo.logps import pair_logps
 from train.tasks.dpo.objective import (
     LN2,
     PreferenceLoss,
@@ -177,3 +183,73 @@ def test_a_tasks_own_sums_pass_through_the_loop_summaries():
     assert summary["loss"] == pytest.approx(0.7)
     valid = evaluate_loss(lambda params, batch: batch, None, [step, step], lambda b: b)
     assert valid["rewards/margins"] == pytest.approx(0.3) and valid["tokens"] == 4
+
+
+# The policy's and the reference's sums through the head in blocks (`train.tasks.dpo.logps`).
+
+# 2 pairs (4 rows) x 7 positions in blocks of 8 rows: 2 positions of the 4 rows a step, the
+# last block padded; 28 rows: one block, no scan.
+PAIR_VOCAB, PAIR_LENGTH = 29, 7
+
+
+@pytest.mark.parametrize("block_rows", [8, 28])
+@pytest.mark.parametrize("drop_pad_logit", [False, True])
+def test_pair_logps_through_the_head_in_blocks_equal_whole_logits(block_rows, drop_pad_logit):
+    # The added pad id is the last id when its logit is left out, else id 0.
+    pad = PAIR_VOCAB - 1 if drop_pad_logit else 0
+    config = TransformerConfig(
+        vocab_size=PAIR_VOCAB,
+        d_model=16,
+        num_heads=2,
+        d_ff=32,
+        num_layers=1,
+        max_len=16,
+        dropout_rate=0.0,
+        pad_id=pad,
+        tie_output_embedding=False,
+        output_bias=True,
+        logits_soft_cap=4.0,
+    )
+    model = DecoderOnlyTransformer(config)
+    rng = np.random.default_rng(0)
+    batch = {}
+    for side in ("chosen", "rejected"):
+        tokens = rng.integers(1, PAIR_VOCAB - 1, (2, PAIR_LENGTH))
+        labels = np.roll(tokens, -1, axis=1)
+        labels[:, :2] = pad  # the prompt
+        labels[:, -1] = pad
+        labels[1, -3:] = pad  # padding
+        batch[side], batch[f"{side}_labels"] = jnp.asarray(tokens), jnp.asarray(labels)
+    params = nn.unbox(model.init(jax.random.key(0), batch["chosen"]))["params"]
+    # A head and bias far from init: the bias and the cap matter.
+    params = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.key(1), x.shape), params)
+    setup = LossSetup(pad, drop_pad_logit=drop_pad_logit, block_rows=block_rows)
+
+    def whole(params):
+        inputs = jnp.concatenate([batch["chosen"], batch["rejected"]])
+        labels = jnp.concatenate([batch["chosen_labels"], batch["rejected_labels"]])
+        both = sequence_logps(
+            model.apply({"params": params}, inputs), labels, pad, drop_pad_logit=drop_pad_logit
+        )
+        return tuple(x[:2] for x in both), tuple(x[2:] for x in both)
+
+    def blocked(params):
+        return pair_logps(model, params, batch, setup, deterministic=True)
+
+    def objective(logps):
+        def f(params):
+            (logps_c, _, _), (logps_r, _, _) = logps(params)
+            return (jnp.asarray([1.0, -2.0]) * logps_c).sum() + (3.0 * logps_r).sum()
+
+        return f
+
+    want, got = whole(params), jax.jit(blocked)(params)
+    for side, w_side, g_side in zip(("chosen", "rejected"), want, got, strict=True):
+        for name, w, g in zip(("logps", "tokens", "logit sums"), w_side, g_side, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"{side} {name}")
+    np.testing.assert_array_equal(got[0][1], [PAIR_LENGTH - 3, PAIR_LENGTH - 5])
+    want_grads = jax.grad(objective(whole))(params)
+    got_grads = jax.jit(jax.grad(objective(blocked)))(params)
+    jax.tree.map(
+        lambda w, g: np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5), want_grads, got_grads
+    )

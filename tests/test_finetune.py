@@ -553,3 +553,17 @@ def test_the_checkpoints_dropout_unless_the_config_sets_one(model_dirs, corpus):
     assert rates("llama") == (0.0, 0.0)
     assert rates("gpt2", dropout_rate=0.0) == (0.0, 0.1)
     assert rates("llama", dropout_rate=0.2, attention_dropout_rate=0.05) == (0.2, 0.05)
+
+
+def test_init_from_a_translation_run_is_refused_naming_its_task(tmp_path):
+    """A run directory starts another run when it trained a decoder-only model; a translation
+    run's encoder-decoder is refused in one line naming its task, before any weight is read."""
+    from configs import default
+
+    run = tmp_path / "translation_run"
+    (run / "checkpoints" / "1").mkdir(parents=True)
+    (run / "config.json").write_text(default.get_config().to_json(), encoding="utf-8")
+    config = finetune_gpt2.get_config()
+    config.init_from = str(run)
+    with pytest.raises(ValueError, match=r"the run trained task='translation', an encoder-deco"):
+        config_lib.validate_config(config)

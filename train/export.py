@@ -1,4 +1,5 @@
-"""Writes a trained language-model run as a Hugging Face model directory that
+"""Writes a trained decoder-only run (a language model, `--config.task=lm`; a chat model,
+`chat`; a preference-tuned one, `dpo`) as a Hugging Face model directory that
 `transformers` loads and generates from, or as a GGUF file that llama.cpp and Ollama run.
 
     python -m train.export --workdir runs/finetune --out /tmp/finetuned
@@ -10,8 +11,10 @@ library's exporters (`flax_transformer.export_gpt2` / `export_llama` layouts). A
 from pretrained weights (`--config.init_from`) is written as the family it came from, with
 the source's `config.json` (its architecture is the run's) and tokenizer files, and the
 added pad id (`train.data.hf_tokenizer`) removed again, so the directory has the source's
-vocabulary and loads wherever the source did. LoRA adapters are merged into the weights
-they adapt (`flax_transformer.merge_lora`), or with `--adapters_only` written alone
+vocabulary and loads wherever the source did; a run with its own chat template (its copy
+of `--config.chat_template`, `W/chat_template.jinja`) has it in `tokenizer_config.json`
+instead of the source's. LoRA adapters are merged into the weights they adapt
+(`flax_transformer.merge_lora`), or with `--adapters_only` written alone
 (`adapter_model.safetensors`, `adapter_config.json`) in the names of the PEFT library.
 
 A run trained from scratch is written with the library's config (its own tokenizer is not a
@@ -21,8 +24,10 @@ Hugging Face one: its ids are the run's).
 bf16 or q8_0) of a Llama-family run started from a pretrained model with a byte-level BPE
 (SmolLM2, Llama 3 and other GGUF or Hugging Face Llama starts): LoRA merged, the added pad
 id removed, the tokenizer (`GGUFVocab.from_tokenizer` of the run's copy of the model's
-`tokenizer.json`) and the chat template (the run's `--config.chat_template`, else the
-model's) with it. What llama.cpp cannot run is refused before anything is written.
+`tokenizer.json`) and the chat template (the run's own, its copy of
+`--config.chat_template`, else the model's: the one the run trained with) with it. What
+llama.cpp cannot run is refused before anything is written. An encoder-decoder (a
+translation run) is refused in either format.
 """
 
 from __future__ import annotations
@@ -44,9 +49,15 @@ from flax_transformer.interop.gguf_layout import WRITE_TYPES
 from flax_transformer.interop.llama import EXPORTED_PAD_KEY, llama_hf_config, llama_tensors
 from train.core.cli import die, parse_flags, quiet_library_logs
 from train.core.failures import USAGE_ERROR
-from train.data.chat.template import find_chat_template
+from train.core.rundir import RunDir
+from train.data.chat.template import find_chat_template, run_template_file
 from train.formats import sources
-from train.formats.sources.hf import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_FILES
+from train.formats.sources.hf import (
+    CHAT_TEMPLATE_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_FILES,
+)
 from train.tools import tools
 
 # Tensors indexed by vocabulary id (rows), per family: where the added pad id is removed.
@@ -79,14 +90,20 @@ def export_run(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.
 
 
 def write_trained(trained, workdir, out) -> pathlib.Path:
-    """`export_run` of an already loaded run (`train.program.trained.TrainedModel`)."""
-    if trained.experiment.data.task != "lm":
-        raise ValueError(
-            f"{workdir} trained task={trained.experiment.data.task!r}; train.export writes "
-            "decoder-only language models (task='lm')."
-        )
+    """`export_run` of an already loaded run (`train.program.trained.TrainedModel`).
+
+    A chat or preference run (`--config.task=chat` / `dpo`) is a decoder-only model like a
+    language model's: written the same way, with the chat template it trained with in the
+    directory's `tokenizer_config.json` (`_write_chat_template`).
+    """
+    _check_decoder_only(trained, workdir, "a Hugging Face directory")
     model_config, params = _merged(trained.model.config, trained.params)
     source = _hf_origin(pathlib.Path(workdir))
+    run_template = _run_template_file(workdir, trained)
+    # Read before anything is written (a run from before its copy reads the user's path).
+    own_template = (
+        _chat_template(source, run_template) if source is not None and run_template else None
+    )
     family = source.family if source is not None else _family(model_config)
     to_tensors = gpt2_tensors if family == "gpt2" else llama_tensors
     tensors = to_tensors(model_config, {"params": params})
@@ -110,7 +127,43 @@ def write_trained(trained, workdir, out) -> pathlib.Path:
         for name in TOKENIZER_FILES:
             if (source.path / name).is_file():
                 shutil.copyfile(source.path / name, out / name)
+        if own_template is not None:
+            _write_chat_template(out, own_template)
     return out
+
+
+def _check_decoder_only(trained, workdir, writes: str) -> None:
+    """Refuses a run whose model is not decoder-only (a translation run's encoder-decoder),
+    naming its task and the tasks whose runs export.
+
+    Raises:
+        ValueError: the run's model is not a `DecoderOnlyTransformer`.
+    """
+    if isinstance(trained.model, DecoderOnlyTransformer):
+        return
+    from train.tasks import TASKS
+
+    exported = ", ".join(
+        repr(name)
+        for name, task in TASKS.items()
+        if issubclass(task.model_type, DecoderOnlyTransformer)
+    )
+    raise ValueError(
+        f"{workdir} trained task={trained.experiment.data.task!r}, a "
+        f"{type(trained.model).__name__}; train.export writes {writes} of a decoder-only "
+        f"language model, the model of tasks {exported}."
+    )
+
+
+def _write_chat_template(out: pathlib.Path, template: str) -> None:
+    """Puts the run's own chat template (`_run_template_file`) into the exported
+    `tokenizer_config.json`, in place of the model's; a copied `chat_template.jinja` (the
+    model's, which transformers would read first) is removed."""
+    (out / CHAT_TEMPLATE_FILE).unlink(missing_ok=True)
+    path = out / TOKENIZER_CONFIG_FILE
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config["chat_template"] = template
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _hf_origin(workdir: pathlib.Path) -> sources.HFSource | None:
@@ -136,16 +189,11 @@ def write_trained_gguf(trained, workdir, out, gguf_type: str = "f16") -> pathlib
             'llama' architecture lacks; named), before anything is written.
     """
     workdir = pathlib.Path(workdir)
-    if not isinstance(trained.model, DecoderOnlyTransformer):
-        raise ValueError(
-            f"{workdir} trained a {type(trained.model).__name__} (task="
-            f"{trained.experiment.data.task!r}); GGUF export writes decoder-only language "
-            "models, which llama.cpp runs."
-        )
+    _check_decoder_only(trained, workdir, "a GGUF file")
     vocab, source = gguf_vocab(workdir)
     model_config, params = _merged(trained.model.config, trained.params)
     model_config, params = _without_added_pad(model_config, params, len(vocab), vocab.pad_id)
-    template = _chat_template(source, trained.experiment.data.chat_template)
+    template = _chat_template(source, _run_template_file(workdir, trained))
     return write_gguf(out, model_config, {"params": params}, vocab, template, type=gguf_type)
 
 
@@ -207,12 +255,19 @@ def _without_added_pad(config, params, vocab_size: int, pad_id: int | None):
     return dataclasses.replace(config, **fields), params
 
 
+def _run_template_file(workdir, trained) -> str:
+    """The run's own chat template file: its copy (`W/chat_template.jinja`, the template it
+    trained with), else the `--config.chat_template` path of a run from before the copy was
+    kept; '' for a run that used the model's."""
+    return run_template_file(RunDir(workdir), trained.experiment.data.chat_template)
+
+
 def _chat_template(source: sources.HFSource, run_template: str) -> str | None:
-    """The run's chat template file (`--config.chat_template`), else the model's; None for
-    a model without one (a base model)."""
+    """The run's chat template file (`_run_template_file`), else the model's; None for a
+    model without one (a base model)."""
     config = json.loads((source.path / TOKENIZER_CONFIG_FILE).read_text(encoding="utf-8"))
     has_own = (
-        config.get("chat_template") is not None or (source.path / "chat_template.jinja").is_file()
+        config.get("chat_template") is not None or (source.path / CHAT_TEMPLATE_FILE).is_file()
     )
     if not run_template and not has_own:
         return None

@@ -8,7 +8,8 @@ prompt with its continuation. `--chat` writes the message (after `--system`'s, i
 the model's chat template and its generation prompt, decodes with the KV cache until the
 end of the assistant's turn, and prints the reply alone: for a run that started from a
 pretrained model with a chat template (`--config.task=chat`, or an 'lm' run from an Instruct
-model), with the run's own template (`--config.chat_template`) where it had one.
+model), with the run's own template where it had one (its copy of `--config.chat_template`,
+`W/chat_template.jinja`).
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def chat_replies(
     """
     from train.core.rundir import RunDir
     from train.data.chat.examples import run_chat_encoder
+    from train.data.chat.template import run_template_file
     from train.data.tokenizers import run_tokenizer
     from train.tasks.common.inference import chat_replies as decode_replies
     from train.tools import tools
@@ -147,7 +149,7 @@ def chat_replies(
             tokenizer,
             run.pretrained,
             train_on=data.train_on,
-            chat_template=data.chat_template,
+            chat_template=run_template_file(run, data.chat_template),
             init_from=data.init_from,
         )
         head = [{"role": "system", "content": system}] if system is not None else []

@@ -14,7 +14,12 @@ from flax_transformer.functional.attention import (
     simple_self_attention,
     softmax_dtype,
 )
-from flax_transformer.functional.blocked_loss import DEFAULT_BLOCK_ROWS, blocked_cross_entropy
+from flax_transformer.functional.blocked_loss import (
+    DEFAULT_BLOCK_ROWS,
+    LABEL_LOGP_NAMES,
+    blocked_cross_entropy,
+    blocked_label_logps,
+)
 from flax_transformer.functional.dropout import dropout, keep_mask
 from flax_transformer.functional.feed_forward import (
     feed_forward,
@@ -51,6 +56,7 @@ from flax_transformer.functional.soft_cap import soft_cap
 __all__ = [
     "AttentionMask",
     "DEFAULT_BLOCK_ROWS",
+    "LABEL_LOGP_NAMES",
     "DEFAULT_ROPE_BASE",
     "LAYER_NORM_EPS",
     "MASK_RANKS",
@@ -59,6 +65,7 @@ __all__ = [
     "accumulation_dtype",
     "apply_rope",
     "blocked_cross_entropy",
+    "blocked_label_logps",
     "broadcast_mask",
     "causal_mask",
     "combine_masks",

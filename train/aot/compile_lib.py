@@ -13,6 +13,7 @@ batch of the config's shape, built by the task's own batcher from one synthetic 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import pathlib
 import re
@@ -28,6 +29,7 @@ from train import tasks
 from train.aot import compile_costs, traced_costs
 from train.aot.compile_costs import TOPOLOGY_EXAMPLES, Chip, chip_of
 from train.config import config_lib
+from train.core import compute_dtype
 from train.core.cli import native_stderr_captured
 from train.data.packing import get_packer
 from train.data.tokenizer import UNK_ID, model_vocab_size
@@ -381,6 +383,12 @@ def compile_for_topology(config, topology: str) -> TopologyReport:
         ValueError: a bad topology or config value, named as on the command line.
     """
     chip = chip_of(topology)
+    if config.model.get("dtype") == compute_dtype.AUTO:
+        # The target's choice, not this host's: its matrix units take bfloat16.
+        config = copy.deepcopy(config)
+        config.model.dtype = compute_dtype.resolve_dtype(
+            compute_dtype.AUTO, backend="gpu" if chip.is_gpu else "tpu", shape=(0, 0, 0)
+        ).dtype
     experiment = config_lib.validate_config(config)
     compile_costs.check_attention_impl(topology, chip, experiment.model.attention_impl)
     data = experiment.data

@@ -21,6 +21,7 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train.config import freeze
+from train.config.dtype_choice import with_chosen_dtype
 from train.config.sections import (
     PACKINGS,
     DataConfig,
@@ -150,12 +151,22 @@ def source_model(source: sources.Source) -> TransformerConfig:
     checked config (a kind that says `trained_here`)."""
     if source.trained_here:
         try:
-            return read_saved(source.path)[1].model
+            experiment = read_saved(source.path)[1]
         except (FileNotFoundError, ValueError) as err:
             raise ValueError(
                 f"--config.init_from={str(source.path)!r}: a train.main run whose config "
                 f"does not read ({err})."
             ) from None
+        # A run of any task that trains a decoder-only model ('lm', 'chat', 'dpo': SFT then
+        # DPO) starts another; a translation run's encoder-decoder does not.
+        if not task_facts(experiment.data.task).fine_tunes:
+            starts = tuple(name for name, t in registered_tasks().items() if t.fine_tunes)
+            raise ValueError(
+                f"--config.init_from={str(source.path)!r}: the run trained "
+                f"task={experiment.data.task!r}, an encoder-decoder model; init_from starts "
+                f"from a decoder-only model's run (a run of task {' / '.join(starts)})."
+            )
+        return experiment.model
     return source.model
 
 
@@ -192,7 +203,7 @@ def merge_model_config(
             raise ValueError(f"--config.model.{name}: not a TransformerConfig field.")
         fields[name] = value
     try:
-        return TransformerConfig(**fields)
+        return TransformerConfig(**with_chosen_dtype(fields))
     except ValueError as err:
         raise model_field_error(err) from err
 
@@ -278,7 +289,10 @@ def model_config(
             )
     try:
         return TransformerConfig(
-            vocab_size=vocab_size, max_len=config.max_len, pad_id=pad_id, **fields
+            vocab_size=vocab_size,
+            max_len=config.max_len,
+            pad_id=pad_id,
+            **with_chosen_dtype(fields),
         )
     except ValueError as err:
         raise model_field_error(err, ("vocab_size", "max_len")) from err

@@ -6,6 +6,8 @@ One run = one work directory; `RunDir` is the only place the names of its files 
   data_fingerprint.json   sizes and hash of the train/validation data (a rerun must match)
   spm_<V>.model           the SentencePiece model, trained on the train split on first use
   pretrained/             the snapshot of `--config.init_from`'s config and tokenizer files
+  chat_template.jinja     a chat or preference run's copy of its `--config.chat_template`
+                          file, made at each start: the template it trained with
   token_store/            the token store of a text language model given no store_dir
   checkpoints/<step>      orbax checkpoints: train state + data-stream position
   reference_logps.npz     a preference run's reference log-probabilities, computed once
@@ -94,6 +96,12 @@ class RunDir:
     def checkpoints(self) -> pathlib.Path:
         """Absolute, as orbax wants it."""
         return self.path.absolute() / "checkpoints"
+
+    @property
+    def chat_template(self) -> pathlib.Path:
+        """The run's copy of its own chat template file (`--config.chat_template`), which
+        `train.sample --chat` and `train.export` read in place of the user's path."""
+        return self.path / "chat_template.jinja"
 
     @property
     def reference_logps(self) -> pathlib.Path:

@@ -34,6 +34,7 @@ from train.core import compute_dtype, distributed
 from train.core.failures import Preempted
 from train.core.rundir import RunDir, WorkdirLock, atomic_write_text, prepare_workdir
 from train.data.batching import RowShare
+from train.data.chat.template import keep_run_template
 from train.data.dataset import Dataset, Processes
 from train.data.pipeline.input_pipeline import open_dataset
 from train.data.tokenizers import vocabulary
@@ -147,13 +148,16 @@ def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) ->
     """`--config.init_from`'s source (a resumed run: the run's copy of it, as the weights
     come from the checkpoint), opened once for the run: `_start` hands it to the data path
     and the weights. Process 0 first copies its config and tokenizer into the run directory,
-    for the tools that read the run later."""
+    for the tools that read the run later, and the run's own chat template file, if any
+    (`train.data.chat.template.keep_run_template`)."""
     if resuming:
         source = sources.open_source(experiment.data.init_from, run.path)
     else:
         source = sources.read_source(experiment.data.init_from)
-    if distributed.is_primary() and not (run.pretrained / sources.CONFIG_FILE).is_file():
-        sources.snapshot(source, run.pretrained)
+    if distributed.is_primary():
+        if not (run.pretrained / sources.CONFIG_FILE).is_file():
+            sources.snapshot(source, run.pretrained)
+        keep_run_template(experiment.data.chat_template, run)
     distributed.barrier("pretrained-snapshot")
     model, pretrained = experiment.model, config_lib.source_model(source)
     rates = (model.dropout_rate, model.attention_dropout_rate)
@@ -231,7 +235,7 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
         # runs: the config's dtype is used as it is.
         host = compute_dtype.choose_compute_dtype(compute_dtype.cpu_flags())
         logging.info(
-            "Compute dtype %s (the config's); this CPU host's choice: %s.",
+            "Compute dtype %s; this CPU host's choice (--config.model.dtype=auto): %s.",
             jnp.dtype(program.model.config.dtype).name,
             host.reason,
         )

@@ -33,9 +33,15 @@ from typing import Any
 
 import jinja2
 
+from train.core.rundir import RunDir, atomic_write_text
 from train.data.chat import jinja as chat_jinja
 from train.formats import sources
-from train.formats.sources.base import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE
+from train.formats.sources.base import (
+    CHAT_TEMPLATE_FILE,
+    TOKENIZER_CONFIG_FILE,
+    config_json_or_none,
+)
+from train.formats.sources.run import is_run_config
 
 # The template taken from a list of named templates (transformers' choice without tools).
 DEFAULT_TEMPLATE_NAME = "default"
@@ -249,6 +255,8 @@ def source_chat_template(
             f"{where} is a run trained from scratch: its tokenizer has no chat template or "
             "control tokens; fine-tune a pretrained Instruct model instead."
         )
+    if not template_file and source.trained_here:
+        template_file = inherited_template(source.path) or None
     files = model.chat_files()
     return find_chat_template(
         files.tokenizer_config,
@@ -256,3 +264,42 @@ def source_chat_template(
         template_file=template_file,
         where=where,
     )
+
+
+def inherited_template(directory: str | os.PathLike) -> str:
+    """The chat template file a chain of runs trained with: the copy a run kept of its own
+    template (`RunDir.chat_template`) in the run `directory`, or in the snapshots of the runs
+    it started from (`pretrained/`: DPO started from an SFT run), nearest first; '' where
+    no run of the chain had one (the pretrained model's own template applies)."""
+    path = pathlib.Path(directory)
+    while is_run_config(config_json_or_none(path)):
+        kept = RunDir(path).chat_template
+        if kept.is_file():
+            return str(kept)
+        path = path / RunDir.PRETRAINED
+    return ""
+
+
+def keep_run_template(template_file: str, run: RunDir) -> None:
+    """Copies a run's own chat template file (`--config.chat_template`) into its directory
+    (`RunDir.chat_template`), so that `train.sample --chat` and `train.export` read the
+    template it trained with after the user's file has moved or changed. Nothing for a run
+    without one; a file that does not read is left to the encoder, which refuses it naming
+    the flag."""
+    if not template_file:
+        return
+    try:
+        text = pathlib.Path(template_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return
+    atomic_write_text(run.chat_template, text)
+
+
+def run_template_file(run: RunDir, template_file: str) -> str:
+    """The chat template file a trained run's tools read: its copy (`keep_run_template`)
+    where the run had a template of its own, else `template_file` (the user's path, for a
+    run from before the copy was kept); for a run without one, the template of the run it
+    started from (`inherited_template`), or '' (the model's template)."""
+    if template_file and run.chat_template.is_file():
+        return str(run.chat_template)
+    return template_file or inherited_template(run.pretrained)

@@ -1,8 +1,9 @@
-"""A `train.main` run directory as a pretrained source: a language model trained here,
-fine-tuned further (`--config.init_from=runs/lm_kjv`).
+"""A `train.main` run directory as a pretrained source: a decoder-only model trained here
+(a language model, or a chat run's), fine-tuned further (`--config.init_from=runs/lm_kjv`,
+`--config.init_from=runs/sft_smollm2` for DPO after SFT).
 
 Read here: that the directory is a run (its config.json records `task` and `model`), that it
-trained a language model, that it has checkpoints, and which tokenizer it used (the
+has checkpoints, and which tokenizer it used (the
 `tokenizer` and `vocab_size` fields it recorded). The run's model config is read with its
 whole checked config, by `train.config.config_lib.read_saved`, its tokenizer by
 `train.data.tokenizers.open_tokenizer`, and its weights by `train.program.trained.load_trained`:
@@ -57,12 +58,13 @@ class RunSource(Source):
         return RunDir(self.path).tokenizer_path(self.tokenizer, self.vocab_size)
 
     def copy_files(self, target: pathlib.Path) -> None:
-        """Copies the run's config.json, its SentencePiece model and its own snapshot of what
-        it started from into `target`."""
+        """Copies the run's config.json, its SentencePiece model, its copy of its own chat
+        template (a chat run's; a run started from it trains with that template) and its own
+        snapshot of what it started from into `target`."""
         run = RunDir(self.path)
         if (run.path / SNAPSHOT_DIR).is_dir():
             shutil.copytree(run.path / SNAPSHOT_DIR, target / SNAPSHOT_DIR, dirs_exist_ok=True)
-        for path in (run.config, run.tokenizer_model(self.vocab_size)):
+        for path in (run.config, run.tokenizer_model(self.vocab_size), run.chat_template):
             if path.is_file():
                 copy_file(path, target / path.name)
 
@@ -82,15 +84,10 @@ def read_run_directory(
     """The `RunSource` of a run directory whose config.json is `raw`.
 
     Raises:
-        ValueError: the run trained another task, has no checkpoints (when `need_weights`),
-            or its config.json lacks its tokenizer fields.
+        ValueError: the run has no checkpoints (when `need_weights`), or its config.json
+            lacks its tokenizer fields. (Which tasks' runs may start another is the config's
+            to check, `train.config.config_lib.source_model`.)
     """
-    if raw["task"] != "lm":
-        raise fail(
-            directory,
-            f"the run trained task={raw['task']!r}; init_from starts a language model "
-            "(task='lm') from a language model",
-        )
     if need_weights and not any(RunDir(directory).checkpoints.glob("*")):
         raise fail(directory, "a train.main run without checkpoints: train it first")
     kind, vocab_size = raw.get("tokenizer"), raw.get("vocab_size")

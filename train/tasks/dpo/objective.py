@@ -100,6 +100,10 @@ def sequence_logps(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-row log-probability of the scored labels, summed, and what the metrics need.
 
+    From whole logits: the task computes the same sums through the head in blocks
+    (`train.tasks.dpo.logps.pair_logps`), without them; this is the form the tests compare
+    it with.
+
     Args:
         logits_BLV: the model's logits (any float dtype; computed in float32).
         labels_BL: int ids; `pad_id` where a position is not scored.

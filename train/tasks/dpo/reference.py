@@ -18,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from train.core import distributed
-from train.tasks.dpo.objective import sequence_logps
+from train.tasks.common.objective import LossSetup
+from train.tasks.dpo.logps import pair_logps
 
 # The batch keys: the pair's index among its split's pairs (column 0 of `PAIR_KEY`), and the
 # reference's log-probabilities the loss reads.
@@ -103,15 +104,13 @@ def precomputed(dataset, model, params, put_batch, run, *, resuming: bool):
         with np.load(path) as saved:
             train, valid = saved["train"], saved["valid"]
     else:
+        # The training step's head in blocks (its default block_rows), without dropout.
+        setup = LossSetup(pad_id, drop_pad_logit=drop_pad_logit)
 
         @jax.jit
         def logps(params, batch):
-            rows = batch["chosen"].shape[0]
-            inputs = jnp.concatenate([batch["chosen"], batch["rejected"]])
-            labels = jnp.concatenate([batch["chosen_labels"], batch["rejected_labels"]])
-            logits = model.apply({"params": params}, inputs, deterministic=True)
-            sums, _, _ = sequence_logps(logits, labels, pad_id, drop_pad_logit=drop_pad_logit)
-            return jnp.stack([sums[:rows], sums[rows:]], axis=1)
+            chosen, rejected = pair_logps(model, params, batch, setup, deterministic=True)
+            return jnp.stack([chosen[0], rejected[0]], axis=1)
 
         def compute(batch):
             keys = ("chosen", "rejected", "chosen_labels", "rejected_labels")

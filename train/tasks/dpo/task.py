@@ -19,7 +19,8 @@ from train.formats.corpora.preferences import PreferencePair
 from train.tasks.chat.task import ChatTask
 from train.tasks.common.base import Encoded
 from train.tasks.dpo import reference as reference_lib
-from train.tasks.dpo.objective import PreferenceLoss, preference_objective, sequence_logps
+from train.tasks.dpo.logps import pair_logps
+from train.tasks.dpo.objective import PreferenceLoss, preference_objective
 from train.tasks.dpo.options import REFERENCES, DpoOptions
 from train.tasks.dpo.pairs import PairExample, encode_pairs
 
@@ -128,12 +129,7 @@ class DpoTask(ChatTask):
     # The objective.
 
     def _logps(self, model, params, batch, setup, *, deterministic, rngs=None):
-        rows = batch["chosen"].shape[0]
-        inputs = jnp.concatenate([batch["chosen"], batch["rejected"]])
-        labels = jnp.concatenate([batch["chosen_labels"], batch["rejected_labels"]])
-        logits = model.apply({"params": params}, inputs, deterministic=deterministic, rngs=rngs)
-        both = sequence_logps(logits, labels, setup.pad_id, drop_pad_logit=setup.drop_pad_logit)
-        return tuple(x[:rows] for x in both), tuple(x[rows:] for x in both)
+        return pair_logps(model, params, batch, setup, deterministic=deterministic, rngs=rngs)
 
     def _reference(self, model, params, batch, setup):
         if not self.objective.needs_reference:
