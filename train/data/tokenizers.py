@@ -11,8 +11,9 @@ store, its worker processes, the tools that read a trained run, and a pretrained
                                                             `tokenizer.ggml.*`, or the run's own
 
 `Vocabulary` is what a run resolved once of its ids (the tokenizer kind, the model's
-vocabulary size, the pretrained source), handed to the token store so that it never reads
-`--config.init_from` again.
+vocabulary size, the pretrained source, open), handed to the data path (the token store, the
+chat template) so that it never reads `--config.init_from` again: a run opens its source once
+(`train.program.loop`) and every floor below takes that `Source` (`source=`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def open_tokenizer(
     *,
     train_texts: Sequence[str] | None = None,
     lossless: bool = False,
+    source: sources.Source | None = None,
 ) -> Tokenizer:
     """The tokenizer of `kind` read from `path` (see the module docstring).
 
@@ -48,6 +50,8 @@ def open_tokenizer(
             the model must exist).
         lossless: train a lossless SentencePiece model (the documents are verbatim); a model
             already there is read as it is (`SentencePieceTokenizer.lossless` says which).
+        source: for 'pretrained', the source already open (the run's): its tokenizer,
+            `path` not read (a copy of the same tokenizer: the run's snapshot, a store's).
 
     Raises:
         FileNotFoundError: the SentencePiece model is missing and no training text given.
@@ -56,7 +60,7 @@ def open_tokenizer(
     if kind == "byte":
         return ByteTokenizer()
     if kind == "pretrained":
-        return source_tokenizer(sources.read_source(path, need_weights=False))
+        return source_tokenizer(source or sources.read_source(path, need_weights=False))
     if kind != "sentencepiece":
         raise ValueError(
             f"--config.tokenizer={kind!r}: must be 'byte', 'sentencepiece' or 'pretrained'."
@@ -103,11 +107,15 @@ def run_tokenizer(
     train_texts: Sequence[str] | None = None,
     *,
     lossless: bool = False,
+    source: sources.Source | None = None,
 ) -> Tokenizer:
     """The tokenizer of a run directory (`RunDir.tokenizer_path`); SentencePiece is trained
-    on `train_texts` on first use and kept there."""
+    on `train_texts` on first use and kept there; a pretrained one is `source`'s where the
+    run hands its open source (else read from the run's snapshot)."""
     path = run.tokenizer_path(kind, vocab_size)
-    return open_tokenizer(kind, vocab_size, path, train_texts=train_texts, lossless=lossless)
+    return open_tokenizer(
+        kind, vocab_size, path, train_texts=train_texts, lossless=lossless, source=source
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +132,12 @@ class Vocabulary:
             source's tokenizer definition ('' for bytes and SentencePiece, whose store holds
             its own model).
         starts_with_bos: documents start with the BOS (`SpecialIds.starts_with_bos`).
+        opened: for 'pretrained', the source at `source`, open: the data path takes its
+            tokenizer, chat template and files from it and never reads `source` again. Not
+            part of the value: two vocabularies of the same ids are equal.
+
+    Raises:
+        ValueError: a 'pretrained' vocabulary without its open source.
     """
 
     kind: str
@@ -131,25 +145,43 @@ class Vocabulary:
     source: str = ""
     identity: str = ""
     starts_with_bos: bool = True
+    opened: sources.Source | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        if self.kind == "pretrained" and self.opened is None:
+            raise ValueError(
+                f"Vocabulary(kind='pretrained', source={self.source!r}) has no open source: "
+                "make it with train.data.tokenizers.vocabulary(data, vocab_size, source)."
+            )
 
 
-def vocabulary(data, model_vocab_size: int, source: str | os.PathLike = "") -> Vocabulary:
+def vocabulary(
+    data, model_vocab_size: int, source: str | os.PathLike | sources.Source = ""
+) -> Vocabulary:
     """The `Vocabulary` of a data section whose model has `model_vocab_size` ids.
 
     Args:
         data: the data section (`train.config.sections.DataConfig`).
         model_vocab_size: the model section's `vocab_size` (`validate_config` resolved it).
-        source: the pretrained source (default: `data.init_from`; a resumed run passes its
-            snapshot).
+        source: the pretrained source: open (the run's `Source`, carried on as
+            `Vocabulary.opened`: nothing below reads its path again), or its path
+            (default: `data.init_from`).
 
     Raises:
         ValueError: the pretrained source does not read.
     """
     if data.tokenizer != "pretrained":
         return Vocabulary(data.tokenizer, model_vocab_size)
-    path = str(source or data.init_from)
-    pretrained = sources.read_source(path, need_weights=False)
+    if isinstance(source, sources.Source):
+        pretrained = source
+    else:
+        pretrained = sources.read_source(str(source or data.init_from), need_weights=False)
     starts_with_bos = source_tokenizer(pretrained).specials.starts_with_bos
     return Vocabulary(
-        data.tokenizer, model_vocab_size, path, pretrained.tokenizer_sha256(), starts_with_bos
+        data.tokenizer,
+        model_vocab_size,
+        str(pretrained.path),
+        pretrained.tokenizer_sha256(),
+        starts_with_bos,
+        opened=pretrained,
     )

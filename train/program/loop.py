@@ -146,9 +146,10 @@ class _Start(NamedTuple):
 
 def _pretrained_snapshot(experiment: Experiment, run: RunDir, resuming: bool) -> sources.Source:
     """`--config.init_from`'s source (a resumed run: the run's copy of it, as the weights
-    come from the checkpoint); process 0 first copies its config and tokenizer into the run
-    directory (the tokenizer is read from there, by every process and by the tools), and the
-    run's own chat template file, if any (`train.data.chat.template.keep_run_template`)."""
+    come from the checkpoint), opened once for the run: `_start` hands it to the data path
+    and the weights. Process 0 first copies its config and tokenizer into the run directory,
+    for the tools that read the run later, and the run's own chat template file, if any
+    (`train.data.chat.template.keep_run_template`)."""
     if resuming:
         source = sources.open_source(experiment.data.init_from, run.path)
     else:
@@ -190,7 +191,8 @@ def _start(experiment: Experiment, run: RunDir, checkpointer: Checkpointer) -> _
     dataset = open_dataset(
         experiment.data,
         run,
-        vocabulary(experiment.data, experiment.model.vocab_size, run.pretrained),
+        # The source opened once, handed down: the data path never reads its path again.
+        vocabulary(experiment.data, experiment.model.vocab_size, source or run.pretrained),
         task=get_task(experiment.data.task).configured(experiment.data),
         seed=settings.seed,
         num_steps=settings.num_train_steps,

@@ -52,7 +52,7 @@ TOO_LONG = ("too_long", "no assistant turn fits --config.max_len")
 
 def run_chat_encoder(
     tokenizer: Tokenizer,
-    source_dir: str | os.PathLike,
+    source_dir: str | os.PathLike | sources.Source,
     *,
     train_on: str = "assistant",
     chat_template: str = "",
@@ -64,7 +64,8 @@ def run_chat_encoder(
 
     Args:
         tokenizer: the run's tokenizer.
-        source_dir: the pretrained source, or the run's snapshot of it.
+        source_dir: the pretrained source, open (the run's `Source`: not read again), or
+            the path of it or of the run's snapshot of it.
         train_on, chat_template: `--config.train_on`, `--config.chat_template`.
         init_from: `--config.init_from`, as errors name the source ('' : its path).
 
@@ -74,7 +75,9 @@ def run_chat_encoder(
     """
     if train_on not in TRAIN_ON:
         raise ValueError(f"--config.train_on={train_on!r}: must be one of {TRAIN_ON}.")
-    source = sources.read_source(source_dir, need_weights=False)
+    source = source_dir
+    if not isinstance(source, sources.Source):
+        source = sources.read_source(source_dir, need_weights=False)
     where = f"--config.init_from={init_from!r}" if init_from else None
     template = source_chat_template(source, chat_template or None, where=where)
     return ChatEncoder(template, tokenizer, train_on)

@@ -156,9 +156,8 @@ def open_chat_store_dataset(
     if not prepared:
         for line in chat["log"]:
             logging.info(line)
-    tokenizer = open_tokenizer(
-        data.tokenizer, vocabulary.size, tokenizer_path(store.path, data.tokenizer)
-    )
+    path = tokenizer_path(store.path, data.tokenizer)  # a copy of the open source's
+    tokenizer = open_tokenizer(data.tokenizer, vocabulary.size, path, source=vocabulary.opened)
     pad_id = tokenizer.pad_id
     train = Conversations(store, "train")
     valid = Conversations(store, "valid")

@@ -75,10 +75,16 @@ def chat_store_settings(data, vocabulary: Vocabulary) -> dict:
     and what decides a conversation's ids and mask (see the module docstring).
 
     Raises:
-        ValueError: the pretrained source or the template file does not read.
+        ValueError: not a pretrained model's vocabulary, or a template file that does not
+            read.
     """
-    source = sources.read_source(vocabulary.source, need_weights=False)
-    template = source_chat_template(source, data.chat_template or None)
+    if vocabulary.opened is None:
+        raise ValueError(
+            f"--config.tokenizer={vocabulary.kind!r}: a chat store renders conversations with "
+            "a pretrained model's template; use --config.tokenizer='pretrained' with "
+            "--config.init_from."
+        )
+    template = source_chat_template(vocabulary.opened, data.chat_template or None)
     identity = json.dumps([template.source, dict(template.special_tokens)], sort_keys=True)
     return store_settings(data, vocabulary) | {
         "task": data.task,
@@ -130,17 +136,19 @@ def _prepare(data, vocabulary: Vocabulary, settings: dict) -> TokenStore:
         begin_store(store_dir, settings, [{"corpus": data.corpus, "task": data.task}])
         copy = tokenizer_path(store_dir, data.tokenizer)
         if not (copy / sources.CONFIG_FILE).is_file():
-            sources.snapshot(sources.read_source(vocabulary.source, need_weights=False), copy)
+            sources.snapshot(vocabulary.opened, copy)
     except OSError as err:
         raise StoreWriteError(
             f"could not write the token store {store_dir} ({err}) ; fix the cause and rerun."
         ) from err
+    # The run's open source (the store's copy is of the same tokenizer: its settings say so).
+    source = vocabulary.opened
     tokenizer = open_tokenizer(
-        data.tokenizer, vocabulary.size, tokenizer_path(store_dir, data.tokenizer)
+        data.tokenizer, vocabulary.size, tokenizer_path(store_dir, data.tokenizer), source=source
     )
     encoder = run_chat_encoder(
         tokenizer,
-        vocabulary.source,
+        source,
         train_on=data.train_on,
         chat_template=data.chat_template,
         init_from=data.init_from,

@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -29,6 +30,7 @@ from train.data.packing import Packer, get_packer
 from train.data.tokenizer import SpecialIds, Tokenizer
 from train.data.tokenizers import run_tokenizer
 from train.formats.corpora.splits import read_splits
+from train.formats.sources import Source
 
 # Below this many training examples (real ones, copies not counted) a run still works but
 # learns little that generalises, and its validation scores are noise: worth a warning.
@@ -143,6 +145,7 @@ def build_dataset(
     num_devices: int = 1,
     share: RowShare = WHOLE_BATCH,
     processes: Processes = ONE_PROCESS,
+    source: Source | None = None,
 ) -> InMemoryDataset:
     """Loads, splits, tokenizes, filters and batches the data section's corpus.
 
@@ -159,6 +162,8 @@ def build_dataset(
         share: the rows of every batch this process builds (all of them for one process).
         processes: this process's part (`Processes`): process 0 trains SentencePiece on
             first use while the others wait for its file.
+        source: the run's pretrained source, open (its tokenizer and chat template are
+            taken from it); None: read from the run's snapshot (`RunDir.pretrained`).
 
     Returns:
         The Dataset; its batches hold `share`'s rows only.
@@ -169,8 +174,8 @@ def build_dataset(
     packer = get_packer(data.packing)
     packer.check(data, num_devices, share)
     texts = _split(data, task)
-    tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes)
-    ids = _tokenize(data, run, task, tokenizer, texts)
+    tokenizer = _shared_tokenizer(data, run, task.sentences(texts.train), processes, source)
+    ids = _tokenize(data, task, tokenizer, texts, source or run.pretrained)
     ids = _with_copies(data.copied_targets, seed, ids)
     if packer.whole_examples:
         ids = _filter(data.max_len, task, ids)
@@ -194,16 +199,21 @@ def build_dataset(
 
 
 def _shared_tokenizer(
-    data: DataConfig, run: RunDir, train_texts: list[str], processes: Processes
+    data: DataConfig,
+    run: RunDir,
+    train_texts: list[str],
+    processes: Processes,
+    source: Source | None,
 ) -> Tokenizer:
     """The run's tokenizer (`train.data.tokenizers.run_tokenizer`): process 0 makes it first
-    (SentencePiece is trained on the train split on first use), then the others read it."""
-    options = {"lossless": not data.collapses_whitespace}
+    (SentencePiece is trained on the train split on first use), then the others read it; a
+    pretrained one is `source`'s, where the run hands it."""
+    options = {"lossless": not data.collapses_whitespace, "source": source}
     if processes.primary:
         tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run, train_texts, **options)
     processes.barrier("tokenizer")
     if not processes.primary:
-        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run)
+        tokenizer = run_tokenizer(data.tokenizer, data.vocab_size, run, source=source)
     return tokenizer
 
 
@@ -225,16 +235,21 @@ def _split(data: DataConfig, task: ExampleTask) -> _Examples:
 
 
 def _tokenize(
-    data: DataConfig, run: RunDir, task: ExampleTask, tokenizer: Tokenizer, texts: _Examples
+    data: DataConfig,
+    task: ExampleTask,
+    tokenizer: Tokenizer,
+    texts: _Examples,
+    source: Source | os.PathLike,
 ) -> _Examples:
     """The examples as token ids (`Task.encode_split`: the examples a task drops, and the
-    validation texts of those kept).
+    validation texts of those kept); `source`: the pretrained source, open, or the run's
+    copy of it (`Task.encode_split`'s `source_dir`).
 
     Raises:
         ValueError: an id outside the tokenizer's vocabulary, or what the task refuses.
     """
-    train = task.encode_split(data, tokenizer, run.pretrained, texts.train, "train")
-    valid = task.encode_split(data, tokenizer, run.pretrained, texts.valid, "valid")
+    train = task.encode_split(data, tokenizer, source, texts.train, "train")
+    valid = task.encode_split(data, tokenizer, source, texts.valid, "valid")
     for name, examples in (("train", train.examples), ("validation", valid.examples)):
         flat = itertools.chain.from_iterable(task.sentences(examples))
         ids = np.fromiter(flat, dtype=np.int64)

@@ -53,7 +53,8 @@ def open_dataset(
         data: the data section.
         run: the run directory.
         vocabulary: the run's ids, resolved from its config (`train.data.tokenizers.vocabulary`):
-            what a token store is prepared for.
+            what a token store is prepared for; it carries the run's pretrained source, open
+            (`Vocabulary.opened`), which every path takes its tokenizer and chat template from.
         task: the run's task (`train.tasks.get_task(data.task)`), as a value.
         seed, num_steps: the run's seed and train steps.
         num_devices, share: data-parallel devices and this process's rows of every batch.
@@ -88,7 +89,14 @@ def open_dataset(
             processes=processes,
         )
     return build_dataset(
-        data, run, task=task, seed=seed, num_devices=num_devices, share=share, processes=processes
+        data,
+        run,
+        task=task,
+        seed=seed,
+        num_devices=num_devices,
+        share=share,
+        processes=processes,
+        source=vocabulary.opened,
     )
 
 

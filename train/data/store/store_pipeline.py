@@ -232,7 +232,10 @@ def open_store_dataset(
     get_packer("stream").check(data, num_devices, share)  # windows: batch_size rows
     store = store_prepare.prepare_for_run(data, vocabulary, processes)
     kind = data.tokenizer
-    tokenizer = open_tokenizer(kind, data.vocab_size, tokenizer_path(store.path, kind))
+    # A pretrained tokenizer is the run's open source's (the store's copy is of the same
+    # tokenizer: its settings hold the tokenizer's SHA-256).
+    path = tokenizer_path(store.path, kind)
+    tokenizer = open_tokenizer(kind, data.vocab_size, path, source=vocabulary.opened)
     segments, pad_id = data.packing == "segments", tokenizer.pad_id
     train = WindowSource(store, "train", data.max_len, segments=segments, pad_id=pad_id)
     valid = WindowSource(store, "valid", data.max_len, segments=segments, pad_id=pad_id, tail=True)

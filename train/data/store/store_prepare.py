@@ -34,6 +34,7 @@ The same inputs and settings give the same bytes (tested).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import logging
 import multiprocessing
@@ -70,7 +71,8 @@ from train.data.store.token_store import (
 )
 from train.data.tokenizer import SpecialIds
 from train.data.tokenizers import Vocabulary, open_tokenizer
-from train.formats.sources import CONFIG_FILE, read_source, snapshot
+from train.formats.sources import CONFIG_FILE, snapshot
+from train.formats.sources import Source as PretrainedSource
 
 # Documents tokenized per call of the tokenizer (bounded memory per worker).
 _DOCS_PER_CALL = 2048
@@ -130,11 +132,12 @@ def _within(candidates, budget: int) -> list[tuple[float, str]]:
     return kept
 
 
-def _map(fn, args: list, workers: int):
+def _map(fn, args: list, workers: int, *, here=None):
     """fn over args in worker processes (spawned: the caller may have started jax), results in
-    the order they finish."""
+    the order they finish; `here`: fn as this process runs it, where it runs them itself (it
+    may use what this process holds open, which a spawned worker reads again)."""
     if workers <= 1 or len(args) <= 1:
-        yield from map(fn, args)
+        yield from map(here or fn, args)
         return
     context = multiprocessing.get_context("spawn")
     with context.Pool(min(workers, len(args))) as pool:
@@ -179,12 +182,14 @@ class _SplitWriter:
         return {"tokens": self.tokens, "docs": self.docs, "chars": self.chars}
 
 
-def _write_shard(args) -> dict:
-    """Tokenizes one shard into `shards/<name>` (via a temporary directory): its shard.json."""
+def _write_shard(args, pretrained: PretrainedSource | None = None) -> dict:
+    """Tokenizes one shard into `shards/<name>` (via a temporary directory): its shard.json.
+    `pretrained`: the run's source, open, where this process writes the shard (a worker
+    process reads the store's copy of its tokenizer)."""
     index, source, store_dir, data_fields = args
     store_dir = pathlib.Path(store_dir)
     kind, vocab, text_field, valid, test, mode, collapse = data_fields
-    tokenizer = open_tokenizer(kind, vocab, tokenizer_path(store_dir, kind))
+    tokenizer = open_tokenizer(kind, vocab, tokenizer_path(store_dir, kind), source=pretrained)
     dtype = token_dtype(vocab)
     final = store_dir / SHARDS / shard_name(index)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
@@ -341,7 +346,7 @@ def _prepare(data, vocabulary, settings: dict, workers: int, part, progress: boo
         len(todo),
         workers,
     )
-    _tokenize_shards(store_dir, sources, todo, fields, workers, progress)
+    _tokenize_shards(store_dir, sources, todo, fields, workers, progress, vocabulary.opened)
     missing = [i for i in range(len(sources)) if not (store_dir / SHARDS / shard_name(i)).is_dir()]
     if missing:
         logging.info("Token store %s: %d shards left to other parts.", store_dir, len(missing))
@@ -382,7 +387,7 @@ def _ensure_tokenizer(
     if data.tokenizer == "pretrained":  # a copy of the model's tokenizer, for the workers
         copy = tokenizer_path(store_dir, "pretrained")
         if not (copy / CONFIG_FILE).is_file():
-            snapshot(read_source(vocabulary.source, need_weights=False), copy)
+            snapshot(vocabulary.opened, copy)
         return
     model = store_dir / TOKENIZER_FILE
     if data.tokenizer != "sentencepiece" or model.is_file():
@@ -417,13 +422,14 @@ def _remove_stale(store_dir: pathlib.Path, mine: Sequence[int]) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _tokenize_shards(store_dir, sources, todo, fields, workers, progress) -> None:
+def _tokenize_shards(store_dir, inputs, todo, fields, workers, progress, pretrained) -> None:
     from tqdm import tqdm
 
-    args = [(i, sources[i], str(store_dir), fields) for i in todo]
+    args = [(i, inputs[i], str(store_dir), fields) for i in todo]
     started, tokens = time.perf_counter(), 0
+    here = functools.partial(_write_shard, pretrained=pretrained)
     with tqdm(total=len(todo), unit="shard", disable=not progress or not todo) as bar:
-        for meta in _map(_write_shard, args, workers):
+        for meta in _map(_write_shard, args, workers, here=here):
             tokens += sum(split["tokens"] for split in meta["splits"].values())
             bar.update(1)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - started):.3g}")

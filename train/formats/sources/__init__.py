@@ -12,10 +12,12 @@ which kind it is; a `train.main` run, whose model config, tokenizer and weights 
 program's own formats, says so by `trained_here`.
 
 This package is a leaf of `train/`: config/, data/, store/ and program/ all read sources
-through it, and it imports none of them. What the layers above do with a source:
+through it, and it imports none of them. A run opens its source once (`train.program.loop`)
+and hands the `Source` down; what the layers above do with it:
 - `train.config.config_lib` merges its model config with the run's own choices;
-- `train.data.tokenizers.open_tokenizer` opens its tokenizer (the one tokenizer factory);
-- `train.data.chat.template.source_chat_template` finds its chat template;
+- `train.data.tokenizers.vocabulary` carries it to the data path (`Vocabulary.opened`), where
+  `train.data.tokenizers.open_tokenizer` (the one tokenizer factory) takes its tokenizer and
+  `train.data.chat.template.source_chat_template` its chat template;
 - `train.program.weights.load_weights` reads and places its weights.
 A new kind of source is one new module here and its `KIND` in `KINDS` (docs/training.md, "Add
 a pretrained-source format").
@@ -94,10 +96,10 @@ ARCHITECTURE_FIELDS = (
 )
 
 
-# The sources this process has read, by path and the state of their files: a run asks for
-# its source on several floors (the config's model, the tokenizer, the chat template, the
-# weights), and each path is opened once and the same Source handed back while its files
-# are unchanged (`read_source`).
+# The sources this process has read, by path and the state of their files: each path is
+# opened once and the same Source handed back while its files are unchanged (`read_source`).
+# A run hands its Source down itself; this serves `validate_config`, which opens it before
+# the run does, and the tools and notebooks that ask for a source by its path again.
 _OPENED: dict[tuple, Source] = {}
 
 

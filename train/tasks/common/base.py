@@ -29,6 +29,7 @@ from train.config.sections import DataConfig, EvalConfig
 from train.config.tasks import TaskFacts
 from train.data.batching import Side, SideTokens, example_slots
 from train.data.tokenizer import DEFAULT_SPECIALS, PAD_ID, SpecialIds, Tokenizer
+from train.formats.sources import Source
 from train.tasks.common.objective import LossSetup, head_cross_entropy, head_eval_sums
 
 # Shape of the dummy batch used to initialise parameters (no parameter depends on it).
@@ -212,7 +213,7 @@ class Task:
         self,
         data: DataConfig,
         tokenizer: Tokenizer,
-        source_dir: str | os.PathLike,
+        source_dir: str | os.PathLike | Source,
         examples: Sequence,
         split: str,
     ) -> Encoded:
@@ -222,8 +223,9 @@ class Task:
         Args:
             data: the data section.
             tokenizer: the run's tokenizer.
-            source_dir: the run's copy of its pretrained source (`RunDir.pretrained`), for
-                a task that needs more of it than the tokenizer.
+            source_dir: the run's pretrained source, for a task that needs more of it than
+                the tokenizer: open (the `Source` the run opened once), or the path of the
+                run's copy of it (`RunDir.pretrained`).
             examples: the split's examples, as text.
             split: 'train' or 'valid'.
 
