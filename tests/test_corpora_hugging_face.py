@@ -6,7 +6,7 @@ import types
 import pytest
 
 from configs import default
-from train.config import config_lib
+from train.config import config_checks, config_lib
 from train.formats.corpora.corpus import CorpusNotFoundError
 from train.formats.corpora.hugging_face import load_hf_examples
 
@@ -121,7 +121,7 @@ def test_the_dpo_task_reads_hf_preference():
     config = dpo_smollm2.get_config()
     config.corpus = "hf-preference"
     config.corpora.hf.dataset = "trl-lib/ultrafeedback_binarized"
-    assert config_lib._check_task(config) is None  # the task accepts the corpus
+    assert config_checks.check_task(config) is None  # the task accepts the corpus
     config.task = "chat"
     with pytest.raises(ValueError, match=r"--config.corpus='hf-preference': task='chat' reads"):
-        config_lib._check_task(config)
+        config_checks.check_task(config)

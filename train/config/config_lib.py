@@ -12,7 +12,6 @@ command line (`--config.field=value`), so a bad override is fixed where it was m
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -21,6 +20,7 @@ import ml_collections
 
 from flax_transformer import TransformerConfig
 from train.config import freeze
+from train.config.config_checks import as_json, check_finite, check_renamed, check_task
 from train.config.dtype_choice import with_chosen_dtype
 from train.config.sections import (
     PACKINGS,
@@ -34,7 +34,7 @@ from train.config.sections import (
     fail,
 )
 from train.config.tasks import CONFIG_FIELD as TASKS_FIELD
-from train.config.tasks import option_types, owners, registered_tasks, task_facts
+from train.config.tasks import option_types, registered_tasks, task_facts
 from train.core.cli import RENAMED_FIELDS
 from train.core.failures import DamagedFileError, model_field_error
 from train.core.option_sections import changed_options
@@ -80,7 +80,7 @@ def validate_config(
     Raises:
         ValueError: names the field as `--config.<field>=<value>` and what it must be.
     """
-    _check_finite(config)
+    check_finite(config)
     if "packed" in config:
         raise fail(
             "packed",
@@ -90,8 +90,8 @@ def validate_config(
             "whole examples with attention kept within each. Set packing instead and "
             "delete packed",
         )
-    _check_renamed(config)
-    _check_task(config)
+    check_renamed(config)
+    check_task(config)
     data = DataConfig.from_config(config)
     if (check := corpora.CORPORA[data.corpus].check) is not None:
         check(data, task_facts(data.task))  # options that must suit the task
@@ -208,60 +208,6 @@ def merge_model_config(
         raise model_field_error(err) from err
 
 
-def _check_task(config: ml_collections.ConfigDict) -> None:
-    """What the config's task accepts: its corpora and packings, and no field that applies
-    to another task only (which must stay 0).
-
-    It runs before the data section is made, as these were the first checks of a field; a
-    corpus or packing that no task knows is left to the section, which names the choices.
-    """
-    tasks = registered_tasks()
-    if config.task not in tasks:
-        raise fail("task", config.task, f"must be one of {tuple(tasks)}")
-    task = tasks[config.task]
-    if config.corpus in corpora.CORPORA and config.corpus not in task.corpora:
-        raise fail("corpus", config.corpus, f"task={task.name!r} reads one of {task.corpora}")
-    if config.packing in PACKINGS and config.packing not in task.packings:
-        raise fail(
-            "packing", config.packing, f"task={task.name!r} packs with one of {task.packings}"
-        )
-    if task.needs_pretrained and not config.get("init_from"):
-        raise fail(
-            "init_from",
-            config.get("init_from", ""),
-            f"task={task.name!r} fine-tunes a pretrained model that has a chat template (an "
-            "Instruct model): --config.init_from=smollm2, a Hugging Face directory or a GGUF "
-            "file, with --config.tokenizer=pretrained",
-        )
-    others = {f for other in tasks.values() for f in other.own_fields} - set(task.own_fields)
-    for field in sorted(others):
-        if config[field]:
-            raise fail(field, config[field], f"applies to task={owners(field)} only; set it to 0")
-    # Another task's own options section (`--config.tasks.<other>`) must stay at its defaults.
-    given = config.get(TASKS_FIELD) or {}
-    for name, kind in option_types().items():
-        if name == task.name or not given.get(name):
-            continue
-        for f in dataclasses.fields(kind):
-            value = given[name].get(f.name, f.default)
-            if _as_json(value) != _as_json(f.default):
-                raise fail(
-                    f"{TASKS_FIELD}.{name}.{f.name}",
-                    value,
-                    f"applies to task={name!r} only (this run's task is {task.name!r}); leave "
-                    f"it at {f.default!r}",
-                )
-
-
-def _check_renamed(config: ml_collections.ConfigDict) -> None:
-    """A config (a file, or code building one) that sets a field under its old flat name
-    (`config.hf_dataset = ...`) is refused naming today's place: the old field would be
-    read by nobody (the command line's old flags are translated, `train.core.cli`)."""
-    for old, new in RENAMED_FIELDS.items():
-        if old in config and not isinstance(config[old], ml_collections.ConfigDict):
-            raise fail(old, config[old], f"is now --config.{new}; set that and delete {old}")
-
-
 def model_config(
     config: ml_collections.ConfigDict, vocab_size: int, pad_id: int = PAD_ID
 ) -> TransformerConfig:
@@ -296,18 +242,6 @@ def model_config(
         )
     except ValueError as err:
         raise model_field_error(err, ("vocab_size", "max_len")) from err
-
-
-def _check_finite(config: ml_collections.ConfigDict, prefix: str = "") -> None:
-    """Raises ValueError for a NaN or infinite float anywhere in `config` (nested included).
-
-    Range checks cannot catch these: every comparison with NaN is False.
-    """
-    for field, value in config.items():
-        if isinstance(value, ml_collections.ConfigDict):
-            _check_finite(value, f"{prefix}{field}.")
-        elif isinstance(value, float) and not math.isfinite(value):
-            raise fail(f"{prefix}{field}", value, "must be a finite number")
 
 
 def _renamed(saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -408,13 +342,6 @@ def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any
     return merged
 
 
-def _as_json(value: Any) -> Any:
-    """A value as config.json gives it back: tuples become lists."""
-    if isinstance(value, tuple | list):
-        return [_as_json(v) for v in value]
-    return value
-
-
 def changed_identity_fields(
     saved: Mapping[str, Any], current: ml_collections.ConfigDict
 ) -> list[str]:
@@ -455,8 +382,8 @@ def changed_identity_fields(
             changed += [
                 f"{field}.{k}"
                 for k in sorted(set(old) | set(new))
-                if _as_json(old.get(k, defaults.get(k))) != _as_json(new.get(k, defaults.get(k)))
+                if as_json(old.get(k, defaults.get(k))) != as_json(new.get(k, defaults.get(k)))
             ]
-        elif _as_json(old) != _as_json(new):
+        elif as_json(old) != as_json(new):
             changed.append(field)
     return changed
