@@ -89,6 +89,9 @@ def texts():
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory, texts):
+    # write_tiny_model saves through transformers (requirements-torch.txt).
+    pytest.importorskip("torch", reason="requirements-torch.txt makes the tiny model")
+    pytest.importorskip("transformers", reason="requirements-torch.txt makes the tiny model")
     root = tmp_path_factory.mktemp("tiny")
     return write_tiny_model(root, "llama", texts=texts, vocab_size=300, max_len=256, chat=True)
 
