@@ -93,6 +93,21 @@ def _load_records(name: str, config_name: str, split: str, corpus: str, local: s
     return datasets.load_dataset(name, config_name or None, split=split)
 
 
+def _rows_read_by(read_row, name: str, config_name: str, split: str, corpus: str, local: str):
+    """Each row of a `datasets` dataset's split read by `read_row(record, where)` (a
+    conversation, a preference pair), `where` naming the dataset and the row.
+
+    Raises:
+        CorpusNotFoundError: `datasets` is not installed.
+        ValueError: what `read_row` raises for a row, or no rows.
+    """
+    records = _load_records(name, config_name, split, corpus, local)
+    rows = [read_row(dict(r), f"{name}[{split}] row {i}") for i, r in enumerate(records)]
+    if not rows:
+        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no rows.")
+    return rows
+
+
 def load_hf_conversations(name: str, config_name: str, split: str) -> list[Conversation]:
     """The conversations of a `datasets` dataset: each row's `messages` column, or its
     `prompt` and `completion` columns (`train.formats.corpora.conversations`), as TRL reads them.
@@ -102,14 +117,7 @@ def load_hf_conversations(name: str, config_name: str, split: str) -> list[Conve
         ValueError: a row that is not a conversation (naming the dataset, the row and the
             field), or no rows.
     """
-    records = _load_records(name, config_name, split, "hf-chat", "'chat'")
-    conversations = [
-        conversation_of(dict(record), f"{name}[{split}] row {index}")
-        for index, record in enumerate(records)
-    ]
-    if not conversations:
-        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no rows.")
-    return conversations
+    return _rows_read_by(conversation_of, name, config_name, split, "hf-chat", "'chat'")
 
 
 def load_hf_pairs(name: str, config_name: str, split: str) -> list[PreferencePair]:
@@ -121,14 +129,7 @@ def load_hf_pairs(name: str, config_name: str, split: str) -> list[PreferencePai
         ValueError: a row that is not a pair (naming the dataset, the row and the field), or
             no rows.
     """
-    records = _load_records(name, config_name, split, "hf-preference", "'preference'")
-    pairs = [
-        pair_of(dict(record), f"{name}[{split}] row {index}")
-        for index, record in enumerate(records)
-    ]
-    if not pairs:
-        raise ValueError(f"Hugging Face dataset {name!r} split {split!r} gave no rows.")
-    return pairs
+    return _rows_read_by(pair_of, name, config_name, split, "hf-preference", "'preference'")
 
 
 def load_hf_examples(
