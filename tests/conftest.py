@@ -105,3 +105,9 @@ def pytest_collection_modifyitems(config, items):
         for name in _EXPENSIVE_MODULE_FIXTURES:
             if name in item.fixturenames:
                 item.add_marker(pytest.mark.xdist_group(f"{item.path.stem}.{name}"))
+    # The files with a slow test first, each file whole and in its own order (so a module
+    # fixture is built once): xdist hands tests out in this order, so the minutes-long ones
+    # start while both workers are busy, and the run ends on short tests rather than on one
+    # worker finishing a SmolLM2 test while the other waits.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
