@@ -5,6 +5,7 @@ a full fine-tuning step, a LoRA step against PEFT, cached greedy generation agai
     python -m benchmarks.smollm2_peer                       # every part
     python -m benchmarks.smollm2_peer --parts train,lora --rounds 3 --steps 3
     python -m benchmarks.smollm2_peer --parts generate --batches 1,8
+    python -m benchmarks.smollm2_peer --parts train --dtypes float32:float32,auto:bfloat16
 
 - train: one optimizer step on a (16, 128) batch of KJV text, float32, AdamW (ours: the step
   `train.main` runs for configs/finetune_smollm2.py, on the CPU devices it makes; theirs:
@@ -13,6 +14,11 @@ a full fine-tuning step, a LoRA step against PEFT, cached greedy generation agai
   theirs: PEFT's `LoraConfig(r=8, target_modules=['q_proj', 'v_proj'])`).
 - generate: greedy decoding of 128 new tokens after a 32-token prompt at batch 1 and 8, the
   KV cache on both sides (ours: `generate_text`; theirs: `model.generate`), tokens/s.
+The dtype axis (`--dtypes OURS:THEIRS,...`, default float32:float32): each part is compared
+once per pair. Ours: the compute dtype (`--config.model.dtype`: float32, bfloat16, or auto,
+the program's per-host choice, `train.core.compute_dtype`), parameters float32 as in
+training; theirs: float32, or bfloat16 under `torch.autocast('cpu', torch.bfloat16)`, the
+way a transformers user asks a CPU for bfloat16 (parameters float32).
 Each worker also reports its peak RSS and its time from process start to the end of its
 first step (reading the GGUF file and compiling included). transformers reads the GGUF file
 with its own loader (`from_pretrained(folder, gguf_file=...)`); both sides hold the same
@@ -60,7 +66,7 @@ def _kjv_ids(tokenizer_encode, count: int, length: int):
 # ------------------------------------------------------------------------------- ours
 
 
-def _our_model(lora: bool):
+def _our_model(lora: bool, dtype: str):
     """Our program of configs/finetune_smollm2.py at the benchmark's batch: (model, params
     placed on the mesh, state, program, tokenizer)."""
     from configs import finetune_smollm2
@@ -72,6 +78,7 @@ def _our_model(lora: bool):
     if lora:
         config.model.lora_rank = 8
         config.model.lora_targets = ("q", "v")
+    config.model.dtype = dtype
     config.cpu_devices = int(os.environ.get("BENCH_CPU_DEVICES", "0"))  # 0: auto, as train.main
     for field, value in json.loads(os.environ.get("BENCH_OURS", "{}")).items():
         target = config.model if field.startswith("model.") else config
@@ -109,10 +116,10 @@ def _our_model(lora: bool):
     return program, state, tokenizer
 
 
-def our_train(lora: bool):
+def our_train(lora: bool, dtype: str):
     import jax
 
-    program, state, tokenizer = _our_model(lora)
+    program, state, tokenizer = _our_model(lora, dtype)
     rows = _kjv_ids(tokenizer.encode, BATCH, LENGTH)
     batch = program.put_batch({"inputs": rows[:, :-1], "targets": rows[:, 1:]})
     box = [state]
@@ -121,14 +128,21 @@ def our_train(lora: bool):
         box[0], metrics = program.train_step(box[0], batch)
         return float(metrics["loss"])
 
-    return run, f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s)"
+    computes = program.model.config.dtype.__name__ if dtype == "auto" else dtype
+    return run, (
+        f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s), "
+        f"{dtype} ({computes})"
+    )
 
 
-def our_generate(batch: int):
+def our_generate(batch: int, dtype: str):
+    import dataclasses
+
     import jax
     import numpy as np
 
     from flax_transformer import DecoderOnlyTransformer, Greedy, generate_text
+    from train.core.compute_dtype import resolve_dtype
     from train.data.tokenizers import source_tokenizer
     from train.formats import sources
     from train.program import weights
@@ -136,7 +150,11 @@ def our_generate(batch: int):
     source = sources.read_source("smollm2")
     tokenizer = source_tokenizer(source)
     params, _ = weights.load_weights(source, source.model)
-    model = DecoderOnlyTransformer(source.model)
+    config = source.model
+    computes = resolve_dtype(
+        dtype, backend=jax.default_backend(), shape=(batch, config.d_model, config.d_ff)
+    ).dtype
+    model = DecoderOnlyTransformer(dataclasses.replace(config, dtype=computes))
     prompts = _kjv_ids(tokenizer.encode, batch, PROMPT_LEN - 1)
 
     def run():
@@ -150,7 +168,10 @@ def our_generate(batch: int):
         )
         return np.asarray(jax.device_get(out))
 
-    return run, f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s)"
+    return run, (
+        f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s), "
+        f"{dtype} ({computes})"
+    )
 
 
 # ------------------------------------------------------------------------------ theirs
@@ -172,7 +193,20 @@ def _their_model():
     return model, tokenizer
 
 
-def their_train(lora: bool):
+def _autocast(dtype: str):
+    """The context theirs computes in: nothing for float32, `torch.autocast` for bfloat16."""
+    import contextlib
+
+    import torch
+
+    if dtype == "float32":
+        return contextlib.nullcontext()
+    if dtype == "bfloat16":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    raise ValueError(f"transformers' dtype {dtype!r}: use float32 or bfloat16 (autocast)")
+
+
+def their_train(lora: bool, dtype: str):
     import torch
 
     model, tokenizer = _their_model()
@@ -190,18 +224,19 @@ def their_train(lora: bool):
     inputs, labels = rows[:, :-1].long(), rows[:, 1:].long()
 
     def run():
-        logits = model(input_ids=inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        with _autocast(dtype):
+            logits = model(input_ids=inputs).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return float(loss)
 
-    return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads, {dtype}"
 
 
-def their_generate(batch: int):
+def their_generate(batch: int, dtype: str):
     import torch
 
     model, tokenizer = _their_model()
@@ -212,7 +247,7 @@ def their_generate(batch: int):
     ).long()
 
     def run():
-        with torch.no_grad():
+        with torch.no_grad(), _autocast(dtype):
             return model.generate(
                 prompts,
                 attention_mask=torch.ones_like(prompts),
@@ -223,23 +258,45 @@ def their_generate(batch: int):
                 pad_token_id=0,
             )
 
-    return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return run, f"torch {torch.__version__}, {torch.get_num_threads()} threads, {dtype}"
 
 
 # ------------------------------------------------------------------------------ driver
 
 
 def _make(side: str, part: str):
+    """`part` is NAME[@BATCH]#OURS:THEIRS (the dtypes)."""
+    part, _, dtypes = part.partition("#")
     name, _, arg = part.partition("@")
+    ours, _, theirs = dtypes.partition(":")
     makers = {
-        ("ours", "train"): lambda: our_train(lora=False),
-        ("ours", "lora"): lambda: our_train(lora=True),
-        ("ours", "generate"): lambda: our_generate(int(arg)),
-        ("theirs", "train"): lambda: their_train(lora=False),
-        ("theirs", "lora"): lambda: their_train(lora=True),
-        ("theirs", "generate"): lambda: their_generate(int(arg)),
+        ("ours", "train"): lambda: our_train(False, ours),
+        ("ours", "lora"): lambda: our_train(True, ours),
+        ("ours", "generate"): lambda: our_generate(int(arg), ours),
+        ("theirs", "train"): lambda: their_train(False, theirs),
+        ("theirs", "lora"): lambda: their_train(True, theirs),
+        ("theirs", "generate"): lambda: their_generate(int(arg), theirs),
     }
     return makers[side, name]()
+
+
+OUR_DTYPES = ("float32", "bfloat16", "auto")
+THEIR_DTYPES = ("float32", "bfloat16")
+
+
+def parse_dtypes(text: str) -> list[str]:
+    """`--dtypes` as OURS:THEIRS pairs; a single dtype means both sides."""
+    pairs = []
+    for entry in text.split(","):
+        ours, _, theirs = entry.partition(":")
+        theirs = theirs or ours
+        if ours not in OUR_DTYPES or theirs not in THEIR_DTYPES:
+            raise SystemExit(
+                f"error: --dtypes entry {entry!r}: ours is one of {', '.join(OUR_DTYPES)}, "
+                f"theirs one of {', '.join(THEIR_DTYPES)} (e.g. auto:bfloat16)"
+            )
+        pairs.append(f"{ours}:{theirs}")
+    return pairs
 
 
 def worker(side: str, part: str) -> None:
@@ -316,21 +373,26 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default="1,8", help="generation batch sizes")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per part")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
+    parser.add_argument(
+        "--dtypes",
+        default="float32:float32",
+        help="OURS:THEIRS compute dtypes, comma-separated (ours float32/bfloat16/auto, theirs "
+        "float32/bfloat16 = autocast); each part is compared once per pair",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--part", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.part)
+    dtypes = parse_dtypes(args.dtypes)  # refused before any worker starts
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from benchmarks.common import machine_line
 
     print(f"# {machine_line()}", flush=True)
     parts = []
     for part in args.parts.split(","):
-        if part == "generate":
-            parts += [f"generate@{b}" for b in args.batches.split(",")]
-        else:
-            parts.append(part)
+        names = [f"generate@{b}" for b in args.batches.split(",")] if part == "generate" else [part]
+        parts += [f"{name}#{pair}" for name in names for pair in dtypes]
     for part in parts:
         result = compare(part, args.rounds, args.steps)
         print(json.dumps(result), flush=True)
