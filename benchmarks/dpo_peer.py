@@ -4,6 +4,7 @@ process, alternating rounds, median ratio.
 
     python -m benchmarks.dpo_peer                      # 2 rounds x 3 timed steps
     python -m benchmarks.dpo_peer --rounds 3 --steps 5
+    python -m benchmarks.dpo_peer --profile 3          # where each side's step goes, by op
 
 - ours: the step `train.main` runs for configs/dpo_smollm2.py (sigmoid DPO, beta 0.1, the
   reference precomputed with the starting weights, float32, AdamW at the config's rate and
@@ -287,19 +288,32 @@ def their_step(spec: dict):
     )
 
     class Gate(transformers.TrainerCallback):
-        """Lets the loop take one step per `go` and hands back its seconds."""
+        """Lets the loop take one step per `go` and hands back its seconds; profiles the
+        loop's thread (torch's profiler sees the thread it starts on) while `profiled`
+        steps are left."""
 
         def __init__(self):
             self.go, self.done, self.stop = threading.Semaphore(0), queue.Queue(), False
+            self.profiler, self.profiled = None, 0
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.go.acquire()
             if self.stop:
                 raise _Stopped
+            if self.profiled and self.profiler is None:
+                self.profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU]
+                )
+                self.profiler.start()
             self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.done.put(time.perf_counter() - self.started)
+            seconds = time.perf_counter() - self.started
+            if self.profiler is not None:
+                self.profiled -= 1
+                if not self.profiled:
+                    self.profiler.stop()
+            self.done.put(seconds)
 
     gate = Gate()
     trainer = trl.DPOTrainer(
@@ -338,7 +352,21 @@ def their_step(spec: dict):
         gate.go.release()
         thread.join()
 
-    run.close = close
+    def ops(steps: int) -> collections.Counter:
+        """Microseconds of self CPU time per torch op over `steps` steps (after 3 untimed),
+        as `benchmarks.step_profile.torch_ops` counts them."""
+        for _ in range(3):
+            run()
+        gate.profiled = steps
+        for _ in range(steps):
+            run()
+        by_op = collections.Counter()
+        for row in gate.profiler.key_averages():
+            by_op[row.key] += row.self_cpu_time_total
+        gate.profiler = None
+        return by_op
+
+    run.close, run.ops = close, ops
     about = {
         "note": f"torch {torch.__version__}, trl {trl.__version__}, "
         f"{torch.get_num_threads()} threads",
@@ -352,9 +380,23 @@ def their_step(spec: dict):
 # ------------------------------------------------------------------------------ driver
 
 
+def _profile(side: str, run, steps: int) -> dict:
+    """Milliseconds per step by op class (`benchmarks.step_profile`: XLA's ops for ours,
+    torch's self times on the trainer's thread for theirs) over `steps` steps after 3
+    untimed. Ours is best profiled on one CPU device (BENCH_CPU_DEVICES=1): with several,
+    their ops overlap and the waits between them count."""
+    from benchmarks import step_profile
+
+    if side == "ours":
+        by_op, classify = step_profile.jax_ops(run, steps), step_profile._xla_class
+    else:
+        by_op, classify = run.ops(steps), step_profile._torch_class
+    return step_profile._summary(by_op, classify, steps)
+
+
 def worker(side: str, spec_path: str) -> None:
     """One side, driven over stdin: a ready line after the first step, then `time K` -> K
-    steps' seconds and the peak RSS so far."""
+    steps' seconds and the peak RSS so far, or `profile K` -> its op classes' times."""
     from train.core.cli import skip_absent_accelerators
 
     skip_absent_accelerators()  # as the train.* commands do: jax on the CPU, no plugin noise
@@ -364,7 +406,11 @@ def worker(side: str, spec_path: str) -> None:
     run()  # compile (ours), first-touch allocations (both)
     print(json.dumps({**about, "first_step_s": time.time() - _STARTED}), flush=True)
     for line in sys.stdin:
-        times = [run() for _ in range(int(line.split()[1]))]
+        command, steps = line.split()
+        if command == "profile":
+            print(json.dumps(_profile(side, run, int(steps))), flush=True)
+            continue
+        times = [run() for _ in range(int(steps))]
         print(json.dumps({"times": times, "rss_mib": _peak_rss_mib()}), flush=True)
     getattr(run, "close", lambda: None)()
 
@@ -384,6 +430,23 @@ class _Worker(WorkerProcess):
         answer = super().time(steps)  # {"times": [...], "rss_mib": ...}
         self.rss_mib = answer["rss_mib"]
         return answer["times"]
+
+    def profile(self, steps: int) -> dict:
+        self.process.stdin.write(f"profile {steps}\n")
+        self.process.stdin.flush()
+        return json.loads(self._read())
+
+
+def profile(spec_path: str, steps: int) -> dict:
+    """Each side's op classes over `steps` steps (one process each, one after the other)."""
+    result = {}
+    for side in ("ours", "theirs"):
+        process = _Worker(side, spec_path)
+        try:
+            result[side] = process.profile(steps)
+        finally:
+            process.close()
+    return result
 
 
 def compare(spec_path: str, rounds: int, steps: int) -> dict:
@@ -423,6 +486,9 @@ def main(argv=None) -> None:
     parser.add_argument("--pairs", type=int, default=PAIRS, help="pairs per step")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
+    parser.add_argument(
+        "--profile", type=int, default=0, help="instead: op classes over this many steps"
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -435,6 +501,7 @@ def main(argv=None) -> None:
         )
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from benchmarks.common import machine_line
+    from benchmarks.step_profile import CLASSES
 
     print(f"# {machine_line()}", flush=True)
     spec = make_spec(args.model, args.pairs)
@@ -442,6 +509,13 @@ def main(argv=None) -> None:
         spec_path = os.path.join(folder, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
+        if args.profile:
+            result = profile(spec_path, args.profile)
+            print(json.dumps(result), flush=True)
+            for name in CLASSES:
+                ours, theirs = (result[side]["ms"][name] for side in ("ours", "theirs"))
+                print(f"{name}: ours {ours:.0f} ms, TRL {theirs:.0f} ms per step", flush=True)
+            return None
         result = compare(spec_path, args.rounds, args.steps)
     result |= {"model": args.model, "pairs": args.pairs, "bucket": spec["bucket"]}
     print(json.dumps(result), flush=True)
