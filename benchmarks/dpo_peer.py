@@ -38,6 +38,7 @@ import collections
 import json
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -260,8 +261,9 @@ def their_step(spec: dict):
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **kwargs)
     optimizer = spec["optimizer"]
     records = spec["records"]
+    output_dir = tempfile.mkdtemp(prefix="dpo_peer_")  # the trainer's; nothing is saved
     args = trl.DPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="dpo_peer_"),
+        output_dir=output_dir,
         loss_type=[spec["loss"]],
         beta=spec["beta"],
         precompute_ref_log_probs=True,
@@ -351,6 +353,7 @@ def their_step(spec: dict):
         gate.stop = True
         gate.go.release()
         thread.join()
+        shutil.rmtree(output_dir, ignore_errors=True)
 
     def ops(steps: int) -> collections.Counter:
         """Microseconds of self CPU time per torch op over `steps` steps (after 3 untimed),
