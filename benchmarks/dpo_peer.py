@@ -258,6 +258,11 @@ def their_step(spec: dict):
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, **kwargs
     )
+    if getattr(model, "hf_quantizer", None) is not None:
+        # transformers' GGUF loader dequantizes every tensor into a float32 Parameter but
+        # labels the model quantized, and the Trainer refuses to train a quantized model
+        # without adapters: the label (only) is dropped, as transformers' own dequantize does.
+        model.hf_quantizer.remove_quantization_config(model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), **kwargs)
     optimizer = spec["optimizer"]
     records = spec["records"]
