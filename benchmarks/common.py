@@ -113,3 +113,28 @@ def machine_line() -> str:
 
 def random_tokens(shape, vocab: int, seed: int = 0) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).integers(1, vocab, shape), jnp.int32)
+
+
+def pretrained_program(experiment, task, source, vocab_size: int, unk_id: int):
+    """The training program `train.main` builds for `experiment` and `task`, its state
+    holding `source`'s weights placed as the program places them: (program, state, mesh). Used by
+    the peer benchmarks (smollm2_peer, dpo_peer), which time that program's step."""
+    import flax
+
+    from train.program import loop as train_lib
+    from train.program import steps, weights
+
+    mesh = train_lib.make_mesh(experiment.run.mesh_shape)
+    program = train_lib.build_program(experiment, task, mesh, vocab_size, unk_id=unk_id)
+    placement = flax.traverse_util.flatten_dict(program.state_shapes.params)
+    loaded, _ = weights.load_weights(source, experiment.model, placement)
+    state = steps.create_train_state(
+        program.model,
+        task,
+        program.tx,
+        mesh,
+        experiment.run.seed,
+        experiment.run.rng_impl,
+        pretrained=loaded,
+    )
+    return program, state, mesh

@@ -166,39 +166,24 @@ def our_step(spec: dict):
     config = _config(spec["init_from"])
     distributed.split_cpu(config)  # before JAX starts, as train.main does
 
-    import flax
     import jax
 
+    from benchmarks.common import pretrained_program
     from train import tasks
     from train.config import config_lib
     from train.data.packing import get_packer
     from train.data.tokenizers import source_tokenizer
     from train.formats import sources
     from train.formats.corpora.preferences import pair_of
-    from train.program import loop as train_lib
-    from train.program import steps, weights
 
     experiment = config_lib.validate_config(config)
     data = experiment.data
     source = sources.read_source(config.init_from)
     tokenizer = source_tokenizer(source)
     task = tasks.get_task("dpo").configured(data)
-    mesh = train_lib.make_mesh(experiment.run.mesh_shape)
-    program = train_lib.build_program(
-        experiment, task, mesh, tokenizer.vocab_size, unk_id=tokenizer.unk_id
+    program, state, mesh = pretrained_program(
+        experiment, task, source, tokenizer.vocab_size, tokenizer.unk_id
     )
-    placement = flax.traverse_util.flatten_dict(program.state_shapes.params)
-    loaded, _ = weights.load_weights(source, experiment.model, placement)
-    state = steps.create_train_state(
-        program.model,
-        task,
-        program.tx,
-        mesh,
-        experiment.run.seed,
-        experiment.run.rng_impl,
-        pretrained=loaded,
-    )
-    del loaded
     pairs = [pair_of(r, f"pair {i}") for i, r in enumerate(spec["records"])]
     examples = task.encode_split(data, tokenizer, source, pairs, "train").examples
     pad_id = tokenizer.specials.pad

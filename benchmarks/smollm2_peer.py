@@ -85,33 +85,18 @@ def _our_model(lora: bool, dtype: str):
         target[field.removeprefix("model.")] = value
     distributed.split_cpu(config)  # before JAX starts, as train.main does
 
-    import flax
-
+    from benchmarks.common import pretrained_program
     from train import tasks
     from train.config import config_lib
     from train.data.tokenizers import source_tokenizer
     from train.formats import sources
-    from train.program import loop as train_lib
-    from train.program import steps, weights
 
     experiment = config_lib.validate_config(config)
     source = sources.read_source(config.init_from)
     tokenizer = source_tokenizer(source)
     task = tasks.get_task("lm")
-    mesh = train_lib.make_mesh(experiment.run.mesh_shape)
-    program = train_lib.build_program(
-        experiment, task, mesh, experiment.model.vocab_size, unk_id=tokenizer.unk_id
-    )
-    placement = flax.traverse_util.flatten_dict(program.state_shapes.params)
-    loaded, _ = weights.load_weights(source, experiment.model, placement)
-    state = steps.create_train_state(
-        program.model,
-        task,
-        program.tx,
-        mesh,
-        experiment.run.seed,
-        experiment.run.rng_impl,
-        pretrained=loaded,
+    program, state, _ = pretrained_program(
+        experiment, task, source, experiment.model.vocab_size, tokenizer.unk_id
     )
     return program, state, tokenizer
 
