@@ -5,6 +5,7 @@ process, alternating rounds, median ratio.
     python -m benchmarks.dpo_peer                      # 2 rounds x 3 timed steps
     python -m benchmarks.dpo_peer --rounds 3 --steps 5
     python -m benchmarks.dpo_peer --profile 3          # where each side's step goes, by op
+    python -m benchmarks.dpo_peer --ours cpu_devices=1 --ours model.remat=True
 
 - ours: the step `train.main` runs for configs/dpo_smollm2.py (sigmoid DPO, beta 0.1, the
   reference precomputed with the starting weights, float32, AdamW at the config's rate and
@@ -48,6 +49,9 @@ from benchmarks.processes import WorkerProcess
 
 _STARTED = time.time()  # the worker's process start, near enough (before jax and torch)
 
+# The first steps' metrics both sides report (TRL's names; means over the pairs), compared
+# step by step: equal weights, pairs and optimizer give equal figures to float32 rounding.
+COMPARED = ("loss", "logps/chosen", "logps/rejected", "rewards/margins", "grad_norm")
 PAIRS = 8  # configs/dpo_smollm2.py's batch: 8 pairs, 16 rows through the model
 # Training pairs encoded to find the most common bucket (enough to see the lengths' spread).
 _SCANNED_PAIRS = 200
@@ -59,17 +63,47 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _config(init_from: str):
-    """configs/dpo_smollm2.py starting from `init_from` ('smollm2' or a model directory)."""
+def _config(init_from: str, overrides=()):
+    """configs/dpo_smollm2.py starting from `init_from` ('smollm2' or a model directory),
+    with `overrides` ('KEY=VALUE' as `--config.KEY=VALUE` would set it) applied."""
     from configs import dpo_smollm2
 
     config = dpo_smollm2.get_config()
     config.init_from = init_from
-    config.cpu_devices = int(os.environ.get("BENCH_CPU_DEVICES", "0"))  # 0: auto, as train.main
+    if "BENCH_CPU_DEVICES" in os.environ:  # the older spelling of --ours cpu_devices=N
+        config.cpu_devices = int(os.environ["BENCH_CPU_DEVICES"])
+    for item in overrides:
+        set_override(config, item)
     return config
 
 
-def make_spec(init_from: str, pairs: int = PAIRS) -> dict:
+def set_override(config, item: str) -> None:
+    """Sets `config.KEY` from 'KEY=VALUE' (a dotted KEY; VALUE a Python literal, else text).
+
+    Raises:
+        ValueError: no '=' in `item`, or KEY is not a field of the config.
+    """
+    import ast
+
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--ours {item!r}: write KEY=VALUE, e.g. --ours model.remat=True")
+    *parents, name = key.split(".")
+    section = config
+    for part in parents:
+        section = section.get(part) if hasattr(section, "get") else None
+        if section is None:
+            raise ValueError(f"--ours {item!r}: {key!r} is not a field of the config")
+    if name not in section:
+        raise ValueError(f"--ours {item!r}: {key!r} is not a field of the config")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    setattr(section, name, value)
+
+
+def make_spec(init_from: str, pairs: int = PAIRS, overrides=()) -> dict:
     """What both workers read: the model's path, the optimizer settings of the config and
     the first `pairs` training pairs of the most common bucket (none cut to fit max_len), as
     TRL's conversational records (`prompt`, `chosen`, `rejected` message lists).
@@ -83,7 +117,7 @@ def make_spec(init_from: str, pairs: int = PAIRS) -> dict:
     from train.formats import sources
     from train.formats.corpora.splits import read_splits
 
-    config = _config(init_from)
+    config = _config(init_from, overrides)
     experiment = config_lib.validate_config(config)
     data = experiment.data
     task = tasks.get_task("dpo").configured(data)
@@ -123,6 +157,7 @@ def make_spec(init_from: str, pairs: int = PAIRS) -> dict:
         "loss": dpo.loss,
         "optimizer": optimizer,
         "records": records,
+        "overrides": list(overrides),
     }
 
 
@@ -158,12 +193,13 @@ def our_step(spec: dict):
 
     Returns:
         (run, about): `run()` takes one step and returns its seconds (its losses kept in
-        `run.losses`); `about`: the versions and devices (`note`), the rows through the
-        model, their padded length and their tokens.
+        `run.losses`, its steps' `COMPARED` metrics from `run.records()`); `about`: the
+        versions and devices (`note`), the rows through the model, their padded length and
+        their tokens.
     """
     from train.core import distributed
 
-    config = _config(spec["init_from"])
+    config = _config(spec["init_from"], spec.get("overrides", ()))
     distributed.split_cpu(config)  # before JAX starts, as train.main does
 
     import jax
@@ -200,11 +236,15 @@ def our_step(spec: dict):
     def run() -> float:
         start = time.perf_counter()
         box[0], metrics = program.train_step(box[0], batch)
-        # The mean loss over the pairs (the step's sums over 'tokens', here pairs); waits.
-        run.losses.append(float(metrics["loss"]) / float(metrics["tokens"]))
+        # Means over the pairs (the step's sums over 'tokens', here pairs); waits.
+        pairs = float(metrics["tokens"])
+        record = {k: float(metrics[k]) / pairs for k in COMPARED if k != "grad_norm"}
+        records.append(record | {"grad_norm": float(metrics["grad_norm"])})
+        run.losses.append(record["loss"])
         return time.perf_counter() - start
 
-    run.losses = []
+    records = []
+    run.losses, run.records = [], lambda: list(records)
     rows, padded = batch["chosen"].shape
     about = {
         "note": f"jax {jax.__version__}, {jax.device_count()} {jax.default_backend()} device(s)",
@@ -273,7 +313,8 @@ def their_step(spec: dict):
         bf16=False,
         fp16=False,
         report_to=[],
-        logging_strategy="no",
+        logging_strategy="steps",  # every step's metrics to the Gate (after its timing)
+        logging_steps=1,
         save_strategy="no",
         eval_strategy="no",
         disable_tqdm=True,
@@ -287,6 +328,7 @@ def their_step(spec: dict):
         def __init__(self):
             self.go, self.done, self.stop = threading.Semaphore(0), queue.Queue(), False
             self.profiler, self.profiled = None, 0
+            self.records = []
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.go.acquire()
@@ -306,6 +348,10 @@ def their_step(spec: dict):
                 if not self.profiled:
                     self.profiler.stop()
             self.done.put(seconds)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:  # a step's record (not the final summary)
+                self.records.append({k: float(logs[k]) for k in COMPARED})
 
     gate = Gate()
     trainer = trl.DPOTrainer(
@@ -333,6 +379,7 @@ def their_step(spec: dict):
     thread.start()
 
     def run() -> float:
+        run.steps += 1
         gate.go.release()
         seconds = gate.done.get()
         if isinstance(seconds, BaseException):
@@ -359,7 +406,15 @@ def their_step(spec: dict):
         gate.profiler = None
         return by_op
 
-    run.close, run.ops = close, ops
+    def records() -> list[dict]:
+        """The steps' metrics so far (TRL logs a step after `on_step_end`: waits for it)."""
+        deadline = time.monotonic() + 60
+        while len(gate.records) < run.steps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return list(gate.records)
+
+    run.steps = 0
+    run.close, run.ops, run.records = close, ops, records
     about = {
         "note": f"torch {torch.__version__}, trl {trl.__version__}, "
         f"{torch.get_num_threads()} threads",
@@ -404,7 +459,8 @@ def worker(side: str, spec_path: str) -> None:
             print(json.dumps(_profile(side, run, int(steps))), flush=True)
             continue
         times = [run() for _ in range(int(steps))]
-        print(json.dumps({"times": times, "rss_mib": _peak_rss_mib()}), flush=True)
+        answer = {"times": times, "rss_mib": _peak_rss_mib(), "records": run.records()}
+        print(json.dumps(answer), flush=True)
     getattr(run, "close", lambda: None)()
 
 
@@ -420,8 +476,8 @@ class _Worker(WorkerProcess):
         self.rss_mib = 0.0
 
     def time(self, steps: int) -> list[float]:
-        answer = super().time(steps)  # {"times": [...], "rss_mib": ...}
-        self.rss_mib = answer["rss_mib"]
+        answer = super().time(steps)  # {"times": [...], "rss_mib": ..., "records": [...]}
+        self.rss_mib, self.records = answer["rss_mib"], answer["records"]
         return answer["times"]
 
     def profile(self, steps: int) -> dict:
@@ -447,7 +503,7 @@ def compare(spec_path: str, rounds: int, steps: int) -> dict:
     medians, the median ratio theirs / ours, first-step times and peak RSS."""
     load = [_loadavg()]
     seconds = {"ours": [], "theirs": []}
-    first, rss, about = {"ours": [], "theirs": []}, {}, {}
+    first, rss, about, records = {"ours": [], "theirs": []}, {}, {}, {}
     for r in range(rounds):
         for side in ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours"):
             process = _Worker(side, spec_path)
@@ -457,6 +513,7 @@ def compare(spec_path: str, rounds: int, steps: int) -> dict:
                 process.close()
             first[side].append(process.ready["first_step_s"])
             rss[side] = max(rss.get(side, 0.0), process.rss_mib)
+            records.setdefault(side, process.records)  # every round takes the same steps
             about[side] = {k: v for k, v in process.ready.items() if k != "first_step_s"}
     load.append(_loadavg())
     return {
@@ -470,7 +527,30 @@ def compare(spec_path: str, rounds: int, steps: int) -> dict:
         "peak_rss_mib": rss,
         "about": about,
         "load": load,
+        "records": records,
+        "parity": parity(records["ours"], records["theirs"]),
     }
+
+
+def parity(ours: list[dict], theirs: list[dict]) -> dict:
+    """The relative difference of each `COMPARED` metric at the first step (|ours - theirs|
+    / |theirs|; where |theirs| < 1e-3, as the margins' 0 there, the absolute difference).
+
+    The first step is the one both sides take from the same weights: the reference is the
+    policy, so the loss is ln 2, and the log-probabilities and the gradient norm are the
+    forward and backward passes alone. Later steps are not compared: the warmups differ by one
+    step (ours updates at step 1 with the rate at 1 / warmup_steps of its peak, Hugging
+    Face's scheduler at rate 0), so TRL's step k + 1 follows the same updates as our step k
+    (the records in the result show them side by side).
+    """
+    if not ours or not theirs:
+        return {"steps": 0, "max_relative": {}}
+    a, b = ours[0], theirs[0]
+    worst = {}
+    for key in COMPARED:
+        scale = abs(b[key]) if abs(b[key]) > 1e-3 else 1.0
+        worst[key] = abs(a[key] - b[key]) / scale
+    return {"steps": 1, "max_relative": worst}
 
 
 def main(argv=None) -> None:
@@ -481,6 +561,14 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed steps per round")
     parser.add_argument(
         "--profile", type=int, default=0, help="instead: op classes over this many steps"
+    )
+    parser.add_argument(
+        "--ours",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="our config field set as --config.KEY=VALUE would (repeatable), e.g. "
+        "--ours cpu_devices=1 --ours model.remat=True",
     )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -497,7 +585,7 @@ def main(argv=None) -> None:
     from benchmarks.step_profile import CLASSES
 
     print(f"# {machine_line()}", flush=True)
-    spec = make_spec(args.model, args.pairs)
+    spec = make_spec(args.model, args.pairs, args.ours)
     with tempfile.TemporaryDirectory() as folder:
         spec_path = os.path.join(folder, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
@@ -511,6 +599,7 @@ def main(argv=None) -> None:
             return None
         result = compare(spec_path, args.rounds, args.steps)
     result |= {"model": args.model, "pairs": args.pairs, "bucket": spec["bucket"]}
+    result |= {"ours_overrides": args.ours}
     print(json.dumps(result), flush=True)
     ours, theirs = (statistics.median(result["seconds"][s]) for s in ("ours", "theirs"))
     about = result["about"]
@@ -526,6 +615,8 @@ def main(argv=None) -> None:
         f"(load {result['load'][0]} -> {result['load'][1]})",
         flush=True,
     )
+    worst = ", ".join(f"{k} {v:.1e}" for k, v in result["parity"]["max_relative"].items())
+    print(f"first step's metrics, relative difference ours / TRL: {worst}", flush=True)
 
 
 if __name__ == "__main__":
