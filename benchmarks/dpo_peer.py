@@ -361,6 +361,8 @@ def their_step(spec: dict):
         processing_class=tokenizer,
         callbacks=[gate],
     )
+    # With tqdm off the Trainer prints every log to stdout, the workers' protocol channel.
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)
     sides = [
         len(r["prompt_ids"]) + len(r[f"{side}_ids"])
         for r in trainer.train_dataset

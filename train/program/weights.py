@@ -34,7 +34,7 @@ from flax import traverse_util
 from flax_transformer import DecoderOnlyTransformer, TransformerConfig, merge_lora
 from flax_transformer.interop import gpt2, llama
 from train.formats import sources
-from train.formats.sources.base import OWN_PARAMS, TensorReader, fail
+from train.formats.sources.base import OWN_PARAMS, TensorReader
 from train.formats.sources.gguf import GGUFTensors
 from train.formats.sources.safetensors_reader import SafetensorsReader
 from train.program.trained import load_trained
@@ -152,19 +152,42 @@ def _set_layer(stack: jax.Array, index, value) -> jax.Array:
     return jax.lax.dynamic_update_index_in_dim(stack, value, index, 0)
 
 
+def relayout_layers(params: dict, scan_layers: bool) -> dict:
+    """`params` with every stack of layers in the other layout: `layers_0`, `layers_1`, ...
+    stacked into one `layers` tree on a leading axis (`scan_layers=True`, the layout
+    `nn.scan` gives), or `layers` split into them (False). Numbered layers and a stacked
+    `layers` are recognised at any depth (a decoder-only model's top, an encoder's and a
+    decoder's stack); everything else is kept as it is."""
+    if not isinstance(params, Mapping):
+        return params
+    numbered = sorted(
+        (k for k in params if k.startswith("layers_") and k[7:].isdigit()), key=lambda k: int(k[7:])
+    )
+    out = {}
+    if scan_layers and numbered:
+        out["layers"] = jax.tree.map(lambda *xs: np.stack(xs), *(params[k] for k in numbered))
+    stacked = not scan_layers and isinstance(params.get("layers"), Mapping)
+    if stacked:
+        count = len(jax.tree.leaves(params["layers"])[0])
+        for i in range(count):
+            out[f"layers_{i}"] = jax.tree.map(lambda x, i=i: np.asarray(x[i]), params["layers"])
+    for key, value in params.items():
+        if (scan_layers and key in numbered) or (stacked and key == "layers"):
+            continue
+        out[key] = relayout_layers(value, scan_layers)
+    return out
+
+
 def _load_run_weights(source: sources.Source, model: TransformerConfig, placement) -> dict:
     """The newest parameters of a train.main run (LoRA adapters merged into their
-    weights), in `model`'s dtype and layout, placed as `placement` says."""
+    weights), in `model`'s dtype and layout (a run of the other `scan_layers` is restacked,
+    `relayout_layers`), placed as `placement` says."""
     trained = load_trained(source.path)
     config, params = trained.model.config, trained.params
     if getattr(config, "lora_rank", 0):
         config, params = merge_lora(config, params)
     if config.scan_layers != model.scan_layers:
-        raise fail(
-            source.path,
-            f"the run's layers are stored with scan_layers={config.scan_layers}; set "
-            f"--config.model.scan_layers={config.scan_layers}",
-        )
+        params = relayout_layers(params, model.scan_layers)
     dtype = np.dtype(model.param_dtype)
     out = {}
     for path, value in traverse_util.flatten_dict(params).items():
