@@ -21,7 +21,7 @@ TINY_VOCAB = 2048
 
 # About 15 s on 2 shared cores (the corpus split, our step compiled, TRL's trainer set up):
 # under the suite's 20 s mark for slow tests.
-def test_both_sides_step_on_the_same_pairs(tmp_path, monkeypatch):
+def test_both_sides_step_on_the_same_pairs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("BENCH_CPU_DEVICES", "1")  # JAX has started in this process
     model = write_tiny_model(
         tmp_path / "model", "llama", vocab_size=TINY_VOCAB, max_len=256, chat=True
@@ -33,11 +33,14 @@ def test_both_sides_step_on_the_same_pairs(tmp_path, monkeypatch):
     ours, our_about = dpo_peer.our_step(spec)
     our_times = [ours(), ours()]
     theirs, their_about = dpo_peer.their_step(spec)
+    capsys.readouterr()
     try:
         their_times = [theirs(), theirs()]
         their_records = theirs.records()
     finally:
         theirs.close()
+    # Nothing on stdout while TRL steps and logs: it is the worker's answer channel.
+    assert capsys.readouterr().out == ""
 
     # One batch: the pairs' chosen and rejected rows, the same tokens on both sides; ours
     # padded to the bucket the pairs were chosen from, TRL's to their longest row (TRL feeds
