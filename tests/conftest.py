@@ -65,6 +65,44 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
+
+def _write_cache_entries_whole() -> None:
+    """jax writes a cache entry in place (`LRUCache.put`: `path.write_bytes`), so another test
+    worker compiling the same program can read it half-written. Twice a full run died in
+    `compilation_cache.get_executable_and_time` (a segfault, each time in a Muon test that
+    another worker's file compiles alike); the cause is not proven, but a whole-file write
+    rules this one out: the entry is written beside its name and renamed into place, which
+    a reader sees all at once or not at all. Only the unlimited cache the tests use (no
+    eviction, no lock) is changed; anything unexpected falls back to jax's own write."""
+    try:
+        from jax._src import lru_cache
+    except ImportError:  # another jax: its own writes
+        return
+    original = getattr(lru_cache.LRUCache, "put", None)
+    suffix = getattr(lru_cache, "_CACHE_SUFFIX", None)
+    if original is None or suffix is None:
+        return
+
+    def put(self, key, value):
+        if not key or getattr(self, "eviction_enabled", True):
+            return original(self, key, value)
+        path = os.path.join(os.fspath(self.path), f"{key}{suffix}")
+        if os.path.exists(path):
+            return None
+        partial = f"{path}.{os.getpid()}.partial"
+        try:
+            with open(partial, "wb") as f:
+                f.write(value)
+            os.replace(partial, path)
+        except OSError:
+            return original(self, key, value)
+        return None
+
+    lru_cache.LRUCache.put = put
+
+
+_write_cache_entries_whole()
+
 import pytest  # noqa: E402
 
 from flax_transformer import TransformerConfig  # noqa: E402
