@@ -49,8 +49,8 @@ from benchmarks.processes import WorkerProcess
 
 _STARTED = time.time()  # the worker's process start, near enough (before jax and torch)
 
-# The first steps' metrics both sides report (TRL's names; means over the pairs), compared
-# step by step: equal weights, pairs and optimizer give equal figures to float32 rounding.
+# The metrics both sides record each step (TRL's names; means over the pairs); `parity`
+# compares the first step's, where equal weights and pairs give equal figures.
 COMPARED = ("loss", "logps/chosen", "logps/rejected", "rewards/margins", "grad_norm")
 PAIRS = 8  # configs/dpo_smollm2.py's batch: 8 pairs, 16 rows through the model
 # Training pairs encoded to find the most common bucket (enough to see the lengths' spread).
